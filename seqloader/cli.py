@@ -1,0 +1,181 @@
+"""The ``seqloader`` command: preprocess, info, verify, synth, demo, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from .format import FormatError
+
+__all__ = ["main", "add_preprocess_arguments", "run_preprocess"]
+
+
+def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
+    from .writer import WriteOptions
+
+    d = WriteOptions()
+    p.add_argument("imagenet_dir", help="folder holding train/ and/or val/ class folders")
+    p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files")
+    p.add_argument("--splits", nargs="+", metavar="SPLIT",
+                   help="split folders to convert (default: train and val, where present)")
+    p.add_argument("--val-labels", metavar="FILE",
+                   help="labels for a flat val/ folder: 'filename class' lines or CSV")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the train write order (%(default)s)")
+    p.add_argument("--no-shuffle", action="store_true",
+                   help="keep sorted (class-by-class) order for train too")
+    p.add_argument("--no-verify", action="store_true", help="skip the decode check of every image")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first undecodable image (non-zero exit, nothing written)")
+    p.add_argument("--max-size", type=int, metavar="PX",
+                   help="re-encode images whose shorter side exceeds PX down to PX")
+    p.add_argument("--quality", type=int, default=d.quality,
+                   help="JPEG quality of re-encoded images (%(default)s)")
+    p.add_argument("--shards", type=int, default=1, help="files per split (%(default)s)")
+    p.add_argument("--shard-ids", type=int, nargs="+", metavar="K",
+                   help="write only these shards (0-based), e.g. one per machine")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help="threads reading and checking source files (%(default)s)")
+    p.add_argument("--no-paths", action="store_true", help="do not store source paths in records")
+    p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_preprocess(args: argparse.Namespace) -> int:
+    from .preprocess import preprocess
+    from .writer import WriteOptions
+
+    opt = WriteOptions(seed=args.seed, shuffle=not args.no_shuffle, verify=not args.no_verify,
+                       strict=args.strict, max_size=args.max_size, quality=args.quality,
+                       store_paths=not args.no_paths, shards=args.shards,
+                       shard_ids=args.shard_ids, workers=args.workers,
+                       overwrite=args.overwrite, progress=not args.no_progress)
+    for r in preprocess(args.imagenet_dir, args.lmdb_dir, splits=args.splits,
+                        val_labels=args.val_labels, options=opt):
+        skipped = sum(s.skipped for s in r.shards)
+        print(f"{r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB in "
+              f"{len(r.shards)} file(s)" + (f" ({skipped} already complete)" if skipped else "")
+              + (f"; {len(r.bad_files)} bad file(s) skipped" if r.bad_files else ""))
+        for s in r.shards:
+            print(f"  {s.path}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .database import open_database
+
+    db = open_database(args.path, args.split, require_complete=False)
+    info = {
+        "paths": [str(p) for p in db.paths], "split": db.split, "num_records": db.num_records,
+        "num_classes": len(db.classes), "classes": db.classes,
+        "format_version": db.metas[0].version, "complete": all(m.complete for m in db.metas),
+        "image_bytes": db.image_bytes, "file_bytes": db.file_bytes,
+        "shuffled": db.metas[0].shuffled, "seed": db.metas[0].seed,
+        "checksums": [m.checksum for m in db.metas], "shard_sizes": list(db.shard_sizes),
+        "bad_files": sum(len(m.bad_files) for m in db.metas), "created": db.metas[0].created,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    cls = db.classes
+    print(f"{', '.join(info['paths'])}\n"
+          f"  split {db.split!r}, format version {info['format_version']}, "
+          f"{'complete' if info['complete'] else 'INCOMPLETE (re-run the writer to resume)'}\n"
+          f"  {db.num_records} records, {len(cls)} classes ({', '.join(cls[:5])}"
+          f"{', ...' if len(cls) > 5 else ''})\n"
+          f"  {db.image_bytes / 2**20:.1f} MiB of images, {db.file_bytes / 2**20:.1f} MiB on disk, "
+          f"{len(db.paths)} shard(s)\n"
+          f"  order: {'shuffled, seed ' + str(info['seed']) if info['shuffled'] else 'sorted'}; "
+          f"{info['bad_files']} bad source file(s) skipped\n"
+          f"  checksum {', '.join(c[:16] + '…' for c in info['checksums'])}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify_database
+
+    res = verify_database(args.path, args.split, workers=args.workers,
+                          progress=not args.no_progress)
+    for idx, why in res.bad[:100]:
+        print(f"bad record {idx}: {why}")
+    if len(res.bad) > 100:
+        print(f"... and {len(res.bad) - 100} more bad records")
+    for prob in res.problems:
+        print(f"problem: {prob}")
+    print(f"{res.num_records} records checked: "
+          + ("OK" if res.ok else f"{len(res.bad)} bad record(s), {len(res.problems)} problem(s)"))
+    return 0 if res.ok else 1
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from .synth import make_synthetic_imagenet
+
+    rep = make_synthetic_imagenet(args.dir, classes=args.classes, per_class=args.per_class,
+                                  val_per_class=args.val_per_class, seed=args.seed,
+                                  bad=args.bad, size=args.size, workers=args.workers,
+                                  progress=not args.no_progress)
+    print(f"wrote {sum(rep.counts.values())} images ({rep.total_bytes / 2**20:.1f} MiB) in "
+          f"{len(rep.classes)} classes to {rep.root}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.dir), progress=not args.no_progress)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="seqloader", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree to LMDB")
+    add_preprocess_arguments(p)
+    p.set_defaults(fn=run_preprocess)
+    for name, fn, hlp in (("info", _info, "describe a database"),
+                          ("verify", _verify, "decode every record and check checksums")):
+        p = sub.add_parser(name, help=hlp)
+        p.add_argument("path", help="a .lmdb file, one shard of a set, or a folder (with --split)")
+        p.add_argument("--split", help="split name when PATH is a folder (e.g. train)")
+        if name == "info":
+            p.add_argument("--json", action="store_true", help="print JSON")
+        else:
+            p.add_argument("--workers", type=int, default=None, help="decode threads (all cores)")
+            p.add_argument("--no-progress", action="store_true")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("synth", help="generate a synthetic ImageNet-like folder tree")
+    p.add_argument("dir")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--per-class", type=int, default=100)
+    p.add_argument("--val-per-class", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bad", type=int, default=0, help="undecodable files to add to train")
+    p.add_argument("--size", choices=("imagenet", "small"), default="imagenet")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=_synth)
+    p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
+    p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=_demo)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.simplefilter("default")
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+    try:
+        return args.fn(args)
+    except (FormatError, FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
+        print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"seqloader {args.command}: interrupted; re-run the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

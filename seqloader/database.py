@@ -1,0 +1,111 @@
+"""Open seqloader database files for reading, and describe a split's shard set.
+
+:class:`Database` is plain, picklable data (paths and metadata): build it in the
+parent, send it to worker processes, and let each worker open its own LMDB
+environment with :func:`open_env` *after* it starts (LMDB environments must not
+cross a fork).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from .format import META_KEY, FormatError, Meta, find_database, unpack_meta
+
+__all__ = ["Database", "open_env", "read_meta", "open_database"]
+
+
+def open_env(path: str | Path, *, readahead: bool = True) -> lmdb.Environment:
+    """Open one database file read-only, without a lock file.
+
+    ``lock=False`` means no reader slots and no ``-lock`` file, so read-only and
+    network filesystems work and any number of processes can read; it is safe
+    because nothing writes a complete database.  Not fork-safe: open it in the
+    process that reads it.
+    """
+    try:
+        return lmdb.open(str(path), subdir=False, readonly=True, lock=False,
+                         readahead=readahead, max_spare_txns=1, max_dbs=0)
+    except lmdb.Error as e:
+        raise FormatError(f"{path}: cannot be opened as an LMDB database ({e}); is it a "
+                          "seqloader .lmdb file, and was it copied completely?") from None
+
+
+def read_meta(env: lmdb.Environment, where: str | Path, *, require_complete: bool = True) -> Meta:
+    with env.begin(buffers=False) as txn:
+        return unpack_meta(txn.get(META_KEY), where=str(where), require_complete=require_complete)
+
+
+@dataclass(frozen=True)
+class Database:
+    """A split stored as one or more shard files, read as one record range.
+
+    Global record ``i`` lives in shard ``s`` where ``offsets[s] <= i < offsets[s+1]``,
+    under local key ``i - offsets[s]``.
+    """
+
+    paths: tuple[Path, ...]
+    metas: tuple[Meta, ...]
+
+    @property
+    def num_records(self) -> int:
+        return sum(m.num_records for m in self.metas)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        out = [0]
+        for m in self.metas:
+            out.append(out[-1] + m.num_records)
+        return tuple(out)
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        return tuple(m.num_records for m in self.metas)
+
+    @property
+    def classes(self) -> list[str]:
+        return self.metas[0].classes
+
+    @property
+    def split(self) -> str:
+        return self.metas[0].split
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(m.image_bytes for m in self.metas)
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.paths)
+
+    def __len__(self) -> int:
+        return self.num_records
+
+
+def open_database(path: str | Path, split: str | None = None, *,
+                  require_complete: bool = True) -> Database:
+    """Find and check the shard files of a database (see :func:`~seqloader.format.find_database`).
+
+    Raises :class:`FormatError` if shards disagree (different writer runs, classes or
+    shard counts), :class:`~seqloader.format.IncompleteError` for unfinished files.
+    """
+    paths = find_database(path, split)
+    metas = []
+    for p in paths:
+        env = open_env(p)
+        try:
+            metas.append(read_meta(env, p, require_complete=require_complete))
+        finally:
+            env.close()
+    first = metas[0]
+    for p, m, i in zip(paths, metas, range(len(paths))):
+        if (m.fingerprint, m.num_shards, m.classes, m.split) != \
+                (first.fingerprint, first.num_shards, first.classes, first.split):
+            raise FormatError(f"{p} does not belong with {paths[0]} (different writer run, "
+                              "classes, split or shard count); re-copy the shard set")
+        if m.shard != i or m.num_shards != len(paths):
+            raise FormatError(f"{p} says it is shard {m.shard} of {m.num_shards}, but it is "
+                              f"file {i} of {len(paths)}; was it renamed?")
+    return Database(tuple(paths), tuple(metas))

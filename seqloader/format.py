@@ -1,0 +1,281 @@
+"""The on-disk contract of a seqloader database, in one place.
+
+A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
+
+* **Records** live under 9-byte keys: ``b"r"`` followed by the record's index
+  within the file (``0 .. num_records-1``) as an 8-byte big-endian integer.  These
+  sort bytewise in numeric order, so an LMDB cursor walks records in write order,
+  and writing with ``append=True`` lays them out on disk in that order.
+* Each record value is a **msgpack map** ``{"image": bytes, "label": int, ...}``.
+  Optional fields: ``"path"`` (the source file relative to its split folder) and
+  ``"reencoded"`` (why the writer re-encoded the image, e.g. ``"cmyk"``).  Readers
+  must ignore fields they do not know.
+* One **metadata** value under the key :data:`META_KEY`, also a msgpack map (see
+  :class:`Meta`).  It is written first with ``complete=False`` and rewritten with
+  ``complete=True`` in the very last transaction, so a file whose metadata says
+  ``complete`` holds every record it promises.
+
+Nothing here (or anywhere in seqloader) uses pickle: msgpack decoding builds only
+dicts, lists, strings, numbers and bytes, so opening a data file cannot run code.
+
+Shard files of one split are named ``<stem>-SSSSS-of-NNNNN.lmdb``; see
+:func:`shard_path` and :func:`find_database`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgpack
+
+__all__ = [
+    "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError",
+    "Meta", "Record", "encode_key", "decode_key", "is_record_key", "pack_record",
+    "unpack_record", "pack_meta", "unpack_meta", "record_digest", "chain_checksum", "EMPTY_CHECKSUM",
+    "shard_path", "find_database", "db_name",
+]
+
+FORMAT_NAME = "seqloader"
+#: Bumped whenever a reader of the previous version could misread a new file.
+FORMAT_VERSION = 1
+#: The metadata key.  It sorts before every record key (``b"_" < b"r"``), so the
+#: writer can keep appending records (``append=True`` needs each new key to be the
+#: largest) while it rewrites the metadata in the same transactions.
+META_KEY = b"__seqloader_meta__"
+KEY_PREFIX = b"r"
+KEY_STRUCT = struct.Struct(">Q")
+KEY_SIZE = len(KEY_PREFIX) + KEY_STRUCT.size
+#: The checksum of a file with no records: 32 zero bytes, hex-encoded.
+EMPTY_CHECKSUM = "00" * 32
+
+
+class FormatError(ValueError):
+    """A file is not a seqloader database this version can read."""
+
+
+class IncompleteError(FormatError):
+    """A database whose writer has not finished (crashed, killed, or still running)."""
+
+
+def encode_key(index: int) -> bytes:
+    """The LMDB key of record ``index``: ``b"r"`` + 8-byte big-endian index."""
+    if not 0 <= index < 2**63:
+        raise ValueError(f"record index {index} is out of range [0, 2**63)")
+    return KEY_PREFIX + KEY_STRUCT.pack(index)
+
+
+def decode_key(key: bytes) -> int:
+    """Inverse of :func:`encode_key`."""
+    if not is_record_key(key):
+        raise FormatError(f"key {bytes(key)!r} is not a record key (expected b'r' + 8 bytes)")
+    return KEY_STRUCT.unpack_from(key, 1)[0]
+
+
+def is_record_key(key: bytes) -> bool:
+    return len(key) == KEY_SIZE and key[:1] == KEY_PREFIX
+
+
+@dataclass
+class Record:
+    """One sample: the encoded image bytes and its integer label."""
+
+    image: bytes
+    label: int
+    path: str | None = None
+    reencoded: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pack_record(rec: Record) -> bytes:
+    """Serialize ``rec`` to its msgpack value.  Deterministic for equal records."""
+    d: dict[str, Any] = {"image": rec.image, "label": int(rec.label)}
+    if rec.path is not None:
+        d["path"] = rec.path
+    if rec.reencoded is not None:
+        d["reencoded"] = rec.reencoded
+    for k, v in rec.extra.items():
+        if k in d:
+            raise ValueError(f"extra field {k!r} collides with a standard record field")
+        d[k] = v
+    return msgpack.packb(d, use_bin_type=True)
+
+
+_RECORD_FIELDS = ("image", "label", "path", "reencoded")
+
+
+def unpack_record(value: bytes | memoryview, *, where: str = "record") -> Record:
+    """Parse a record value; raises :class:`FormatError` naming ``where`` if malformed."""
+    try:
+        d = msgpack.unpackb(value, raw=False)
+        image, label = d["image"], d["label"]
+    except Exception as e:  # msgpack raises several unrelated exception types
+        raise FormatError(f"{where}: not a valid seqloader record ({type(e).__name__}: {e}); "
+                          "run `seqloader verify` on the file, or re-create it") from None
+    if not isinstance(image, bytes) or not isinstance(label, int):
+        raise FormatError(f"{where}: record has image of type {type(image).__name__} and "
+                          f"label of type {type(label).__name__}; expected bytes and int")
+    return Record(image=image, label=label, path=d.get("path"), reencoded=d.get("reencoded"),
+                  extra={k: v for k, v in d.items() if k not in _RECORD_FIELDS})
+
+
+@dataclass
+class Meta:
+    """The metadata record of one database file (one shard of a split).
+
+    ``num_records`` counts the records in *this* file (a shard's global offset is the
+    sum of the earlier shards' counts, so shards can be written independently).
+    ``checksum`` is :func:`chain_checksum` over this file's records, in key order.
+    ``bad_files`` lists ``[path, reason]`` of skipped sources.  ``fingerprint``
+    identifies the writer's plan (sources, order, options): a resumed write must
+    match it, and shards of one split share it.
+    """
+
+    split: str
+    classes: list[str]
+    num_records: int
+    complete: bool
+    checksum: str
+    fingerprint: str
+    shard: int = 0
+    num_shards: int = 1
+    image_bytes: int = 0
+    shuffled: bool = False
+    seed: int | None = None
+    created: str = ""
+    writer: dict[str, Any] = field(default_factory=dict)
+    # writer progress (meaningful while complete is False)
+    next_source: int = 0
+    bad_files: list[list[str]] = field(default_factory=list)
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+_META_FIELDS = {f.name for f in dataclasses.fields(Meta)}
+
+
+def pack_meta(meta: Meta) -> bytes:
+    return msgpack.packb(dataclasses.asdict(meta), use_bin_type=True)
+
+
+def unpack_meta(value: bytes | memoryview | None, *, where: str, require_complete: bool = True) -> Meta:
+    """Parse and check a metadata value read from ``where`` (a path, for messages).
+
+    Raises :class:`FormatError` for a missing/foreign/newer-version metadata record and
+    :class:`IncompleteError` for an unfinished file when ``require_complete``.
+    """
+    if value is None:
+        raise FormatError(f"{where}: no seqloader metadata record ({META_KEY!r}); this LMDB "
+                          "was not written by seqloader. Convert the image folder with "
+                          "`seqloader preprocess` (or preprocess_sequential.py)")
+    try:
+        d = msgpack.unpackb(value, raw=False)
+    except Exception as e:
+        raise FormatError(f"{where}: metadata record is not valid msgpack ({e}); the file is "
+                          "damaged: re-create it with `seqloader preprocess`") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+        raise FormatError(f"{where}: metadata does not describe a seqloader database")
+    version = d.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise FormatError(f"{where}: format version {version!r} is not supported by this "
+                          f"seqloader (reads version {FORMAT_VERSION}); upgrade seqloader "
+                          "(`pip install -U seqloader`) or re-create the file with this version")
+    meta = Meta(**{k: v for k, v in d.items() if k in _META_FIELDS})
+    if require_complete and not meta.complete:
+        raise IncompleteError(
+            f"{where}: the database is incomplete ({meta.num_records} records written, writer "
+            "did not finish). Re-run the same preprocessing command to resume it")
+    return meta
+
+
+def record_digest(value: bytes | memoryview) -> bytes:
+    """blake2b-256 of one record value (thread-safe; releases the GIL on large values)."""
+    return hashlib.blake2b(value, digest_size=32).digest()
+
+
+def chain_checksum(prev_hex: str, key: bytes, digest: bytes) -> str:
+    """One step of the content checksum: ``blake2b-256(prev || key || record_digest)``.
+
+    The checksum of a file is this chain folded over its records in key order,
+    starting from :data:`EMPTY_CHECKSUM`.  Its whole state is the previous digest,
+    so a writer can store it with each commit and resume it after a crash, while the
+    expensive per-record digests are computed in parallel.
+    """
+    return hashlib.blake2b(bytes.fromhex(prev_hex) + key + digest, digest_size=32).hexdigest()
+
+
+# ------------------------------------------------------------------ file naming
+
+def db_name(split: str) -> str:
+    """The file stem the original loader used: ``ILSVRC-<split>``."""
+    return f"ILSVRC-{split}"
+
+
+def shard_path(out: str | Path, shard: int, num_shards: int) -> Path:
+    """Path of shard ``shard`` of ``num_shards`` for the output ``out`` (``X.lmdb``).
+
+    A single-shard database is just ``out``; shards are ``X-00001-of-00004.lmdb``.
+    """
+    out = Path(out)
+    if num_shards == 1:
+        return out
+    stem = out.name[:-5] if out.name.endswith(".lmdb") else out.name
+    return out.with_name(f"{stem}-{shard:05d}-of-{num_shards:05d}.lmdb")
+
+
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.lmdb$")
+
+
+def find_database(path: str | Path, split: str | None = None) -> list[Path]:
+    """Resolve ``path`` (and optionally a split name) to the ordered list of shard files.
+
+    Accepts a database file (``ILSVRC-train.lmdb``), one of its shards, or a folder
+    holding ``ILSVRC-<split>.lmdb`` or its shards.  Raises :class:`FileNotFoundError`
+    listing what was looked for, or :class:`FormatError` if shards are missing.
+    """
+    p = Path(path)
+    if p.is_dir() and split is not None:
+        stem = db_name(split)
+        single = p / f"{stem}.lmdb"
+        shards = sorted(p.glob(f"{stem}-?????-of-?????.lmdb"))
+        if single.is_file():
+            return [single]
+        if not shards:
+            found = sorted(x.name for x in p.glob("*.lmdb"))
+            raise FileNotFoundError(
+                f"no database for split {split!r} in {p}: looked for {stem}.lmdb or "
+                f"{stem}-NNNNN-of-NNNNN.lmdb; found {found or 'no .lmdb files'}. Create it with "
+                f"`python preprocess_sequential.py <imagenet dir> {p}`")
+        return _check_shard_set(shards)
+    if p.is_dir():
+        raise FileNotFoundError(f"{p} is a folder; name the split too (e.g. 'train'), or pass "
+                                "the .lmdb file itself")
+    if not p.exists():
+        raise FileNotFoundError(f"database {p} does not exist. Create it with "
+                                "`python preprocess_sequential.py <imagenet dir> <lmdb dir>`")
+    m = _SHARD_RE.match(p.name)
+    if m:
+        return _check_shard_set(sorted(p.parent.glob(f"{m['stem']}-?????-of-{m['n']}.lmdb")))
+    return [p]
+
+
+def _check_shard_set(shards: Sequence[Path]) -> list[Path]:
+    ns = {int(_SHARD_RE.match(s.name)["n"]) for s in shards}
+    if len(ns) != 1:
+        raise FormatError(f"shard files from different shard counts side by side: "
+                          f"{[s.name for s in shards]}; remove the stale ones")
+    n = ns.pop()
+    have = {int(_SHARD_RE.match(s.name)["i"]) for s in shards}
+    missing = sorted(set(range(n)) - have)
+    if missing:
+        raise FormatError(f"{shards[0].parent}: shard(s) {missing} of {n} are missing "
+                          f"(found {sorted(have)}); copy or (re)write them before reading")
+    return list(shards)

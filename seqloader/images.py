@@ -1,0 +1,147 @@
+"""Inspect, check and (when needed) normalise one encoded image for storage.
+
+NOTE [ what gets stored ]
+By default the source file's bytes are stored untouched (no re-encode, no quality
+loss).  Three cases are re-encoded, as a baseline JPEG, so that every stored image
+decodes to a correct 3-channel RGB image with *any* JPEG decoder (OpenCV, PIL,
+nvJPEG, ``torchvision.io.decode_jpeg``) and our reduced-scale decode fast path:
+* CMYK/YCCK JPEGs (4 components; real ImageNet has 22) -> ``reencoded="cmyk"``;
+* non-JPEG data, whatever the file name (PNG saved as ``.JPEG``, BMP, ...) ->
+  ``reencoded="png"`` etc.;
+* with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``.
+Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
+(OpenCV's ``IMREAD_COLOR`` replicates the channel).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+__all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "decode_bgr"]
+
+_MAGIC = [
+    (b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"),
+    (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
+]
+
+
+def sniff_format(data: bytes) -> str:
+    """The container format from the first bytes: 'jpeg', 'png', 'webp', ... or 'unknown'."""
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:2] in (b"P5", b"P6", b"P2", b"P3"):
+        return "pnm"
+    return "unknown"
+
+
+def jpeg_info(data: bytes) -> tuple[int, int, int] | None:
+    """(height, width, components) from a JPEG's SOF marker, or None if not found."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        seglen = int.from_bytes(data[i + 2:i + 4], "big")
+        # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC)
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if i + 10 > n:
+                return None
+            h = int.from_bytes(data[i + 5:i + 7], "big")
+            w = int.from_bytes(data[i + 7:i + 9], "big")
+            return h, w, data[i + 9]
+        if marker == 0xDA:  # start of scan before any SOF: malformed
+            return None
+        i += 2 + seglen
+    return None
+
+
+def _has_jpeg_end(data: bytes) -> bool:
+    """True if the JPEG ends with an EOI marker (allowing trailing padding).
+
+    libjpeg decodes a truncated file to a grey-filled image with only a warning, so
+    a successful ``imdecode`` does not prove the file is whole.
+    """
+    tail = data[-4096:].rstrip(b"\x00\r\n \t")
+    return tail.endswith(b"\xff\xd9")
+
+
+def decode_bgr(data: bytes | memoryview | np.ndarray, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
+    """Decode to HWC uint8 **BGR** (OpenCV order); None if OpenCV cannot decode it."""
+    buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+    if buf.size == 0:
+        return None
+    return cv2.imdecode(buf, flags)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The outcome for one source file: bytes to store, or why it was rejected."""
+
+    data: bytes | None
+    reencoded: str | None = None
+    error: str | None = None
+
+
+def _encode_jpeg(bgr: np.ndarray, quality: int) -> bytes:
+    ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:  # pragma: no cover - OpenCV always encodes a valid uint8 image
+        raise RuntimeError("OpenCV failed to encode a JPEG")
+    return buf.tobytes()
+
+
+def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
+    h, w = bgr.shape[:2]
+    scale = max_size / min(h, w)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return cv2.resize(bgr, size, interpolation=cv2.INTER_AREA)
+
+
+def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
+                  quality: int = 95) -> Prepared:
+    """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).
+
+    With ``verify`` the image is fully decoded and JPEGs must end with an EOI marker;
+    a failure gives ``Prepared(None, error=reason)``.  Without it, only the header is
+    inspected (a broken file may then be stored).  Pure and thread-safe; OpenCV
+    releases the GIL while decoding, so threads parallelise this.
+    """
+    if not data:
+        return Prepared(None, error="empty file")
+    fmt = sniff_format(data)
+    info = jpeg_info(data) if fmt == "jpeg" else None
+    if fmt == "jpeg" and info is None:
+        return Prepared(None, error="JPEG header is damaged (no frame marker)")
+    if fmt == "unknown":
+        return Prepared(None, error="not an image (unrecognised file signature)")
+    reason = None
+    if fmt != "jpeg":
+        reason = fmt
+    elif info[2] == 4:
+        reason = "cmyk"
+    elif info[2] not in (1, 3):
+        return Prepared(None, error=f"JPEG with {info[2]} colour components")
+    if fmt == "jpeg" and verify and not _has_jpeg_end(data):
+        return Prepared(None, error="truncated JPEG (no end-of-image marker)")
+    small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
+    need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
+    if not need_pixels:
+        return Prepared(data)
+    bgr = decode_bgr(data)
+    if bgr is None or bgr.size == 0:
+        return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
+    if max_size is not None and min(bgr.shape[:2]) > max_size:
+        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality), "resized")
+    if reason is not None:
+        return Prepared(_encode_jpeg(bgr, quality), reason)
+    return Prepared(data)

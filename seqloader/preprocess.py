@@ -1,0 +1,88 @@
+"""Preprocess an ImageNet-style tree (``<root>/<split>/<class>/*``) into LMDB files.
+
+The library side of ``preprocess_sequential.py`` and ``seqloader preprocess``.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from .format import db_name
+from .scan import Scan, scan_class_tree, scan_labelled_folder
+from .writer import WriteOptions, WriteReport, write_split
+
+__all__ = ["DEFAULT_SPLITS", "preprocess", "scan_split", "shuffles_split"]
+
+DEFAULT_SPLITS = ("train", "val")
+
+
+def shuffles_split(split: str, shuffle: bool) -> bool:
+    """Training splits are written in a seeded shuffled order; others keep sorted order."""
+    return shuffle and split.startswith("train")
+
+
+def _has_class_folders(folder: Path) -> bool:
+    with os.scandir(folder) as it:
+        return any(e.is_dir() and not e.name.startswith(".") for e in it)
+
+
+def _has_entries(folder: Path) -> bool:
+    with os.scandir(folder) as it:
+        return any(True for _ in it)
+
+
+def scan_split(root: Path, split: str, *, labels_file: str | Path | None = None,
+               train_classes: Sequence[str] | None = None) -> Scan:
+    """Scan ``root/split``: class folders, or a flat folder plus ``labels_file``."""
+    folder = root / split
+    if labels_file is not None:
+        if _has_class_folders(folder):
+            raise ValueError(f"{folder} has class sub-folders, but a labels file was given; "
+                             "use one or the other")
+        return scan_labelled_folder(folder, labels_file, train_classes)
+    if folder.is_dir() and not _has_class_folders(folder) and _has_entries(folder):
+        raise ValueError(f"{folder} holds files but no class folders; give its labels with "
+                         "--val-labels FILE ('filename class' lines or CSV)")
+    return scan_class_tree(folder)
+
+
+def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
+               splits: Sequence[str] | None = None, val_labels: str | Path | None = None,
+               options: WriteOptions | None = None) -> list[WriteReport]:
+    """Write ``<lmdb_dir>/ILSVRC-<split>.lmdb`` (or its shards) for each split.
+
+    ``splits`` defaults to those of ``train``/``val`` that exist.  Training splits
+    are shuffled with ``options.seed`` unless ``options.shuffle`` is False; other
+    splits keep ImageFolder's sorted order.  ``val_labels`` labels a flat ``val``
+    folder, with the classes of ``train`` when that folder exists.
+    """
+    root, out = Path(imagenet_dir), Path(lmdb_dir)
+    opt = options or WriteOptions()
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset folder {root} does not exist")
+    if splits is None:
+        splits = [s for s in DEFAULT_SPLITS if (root / s).is_dir()]
+        if not splits:
+            raise FileNotFoundError(f"{root} has neither train/ nor val/; point at the folder "
+                                    "that holds them, or name the split folders with --splits")
+    missing = [s for s in splits if not (root / s).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"split folder(s) {missing} not found in {root}")
+    train_classes = None
+    if (root / "train").is_dir():
+        with os.scandir(root / "train") as it:
+            train_classes = sorted(e.name for e in it if e.is_dir())
+    reports = []
+    for split in splits:
+        scan = scan_split(root, split, labels_file=val_labels if split == "val" else None,
+                          train_classes=train_classes)
+        if train_classes is not None and scan.classes != train_classes:
+            warnings.warn(f"{split}: its {len(scan.classes)} classes differ from train's "
+                          f"{len(train_classes)}, so labels will not agree between the splits; "
+                          "check the folders", stacklevel=2)
+        split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(split, opt.shuffle)})
+        out.mkdir(parents=True, exist_ok=True)
+        reports.append(write_split(scan, out / f"{db_name(split)}.lmdb", split, split_opt))
+    return reports

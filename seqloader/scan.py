@@ -1,0 +1,173 @@
+"""Find the labelled images of a split folder, by torchvision ``ImageFolder``'s rules.
+
+NOTE [ ImageFolder compatibility ]
+Classes are the sorted names of the split folder's sub-folders and labels their
+index, exactly as ``torchvision.datasets.ImageFolder`` computes them, so a model
+trained from a seqloader database and one trained from the folders agree on what
+label 7 means.  Images in nested sub-folders of a class belong to that class.  An
+empty class folder keeps its label (``allow_empty=True``) with a warning, so later
+labels never shift.  Two deliberate differences, both about files ImageFolder
+would fail on anyway: hidden files and hidden sub-folders *inside* a class are
+ignored (e.g. macOS ``._x.JPEG`` resource forks), and a hidden *class* folder is
+kept (ImageFolder counts it) but warned about.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", "is_image_file"]
+
+#: torchvision's ``IMG_EXTENSIONS``, compared case-insensitively.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def is_image_file(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
+
+
+@dataclass
+class Scan:
+    """The images of one split, in sorted (ImageFolder) order.
+
+    ``paths`` are posix paths relative to ``root``; ``labels[i]`` is the label of
+    ``paths[i]``.  Held as a list of str and an int32 array: ~100 bytes per file,
+    whatever the image sizes (ImageNet train: ~130 MB).
+    """
+
+    root: Path
+    classes: list[str]
+    paths: list[str]
+    labels: np.ndarray
+    empty_classes: list[str] = field(default_factory=list)
+    ignored: int = 0
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def scan_class_tree(root: str | Path) -> Scan:
+    """Scan ``root/<class>/**/<image>`` (ImageFolder layout)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+    with os.scandir(root) as it:
+        classes = sorted(e.name for e in it if e.is_dir())
+    if not classes:
+        raise ValueError(f"{root} has no class sub-folders; expected {root}/<class>/<image>. "
+                         "For a flat folder of images plus a labels file use --val-labels")
+    hidden = [c for c in classes if c.startswith(".")]
+    if hidden:
+        warnings.warn(f"{root}: hidden folder(s) {hidden} are counted as classes (ImageFolder "
+                      "does the same, so labels stay compatible); remove them if unintended",
+                      stacklevel=2)
+    paths: list[str] = []
+    labels: list[int] = []
+    empty: list[str] = []
+    ignored = 0
+    for label, cls in enumerate(classes):
+        n_before = len(paths)
+        for dirpath, _, fnames in sorted(os.walk(root / cls, followlinks=True)):
+            rel = Path(dirpath).relative_to(root).as_posix()
+            if any(part.startswith(".") for part in rel.split("/")[1:]):
+                continue
+            for fname in sorted(fnames):
+                if is_image_file(fname):
+                    paths.append(f"{rel}/{fname}")
+                    labels.append(label)
+                else:
+                    ignored += 1
+        if len(paths) == n_before:
+            empty.append(cls)
+    if empty:
+        warnings.warn(f"{root}: {len(empty)} class folder(s) have no images and keep their "
+                      f"labels (ImageFolder allow_empty=True): {empty[:10]}"
+                      f"{' ...' if len(empty) > 10 else ''}", stacklevel=2)
+    return Scan(root, classes, paths, np.asarray(labels, np.int32), empty, ignored)
+
+
+def _read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
+    """(line number, file name, class token) for each data line of a labels file."""
+    text = labels_file.read_text()
+    rows: list[tuple[int, str, str]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "," in line:
+            fields = next(csv.reader(io.StringIO(line)))
+        else:
+            fields = line.split()
+        if len(fields) < 2 or not fields[1].split():
+            raise ValueError(f"{labels_file}:{lineno}: expected 'filename class' or "
+                             f"'filename,class', got {line!r}")
+        # ImageNet's LOC_val_solution.csv puts "wnid x0 y0 x1 y1 ..." in the second field.
+        rows.append((lineno, fields[0].strip(), fields[1].split()[0]))
+    return rows
+
+
+def scan_labelled_folder(root: str | Path, labels_file: str | Path,
+                         classes: Sequence[str] | None = None) -> Scan:
+    """Scan a flat folder of images whose labels come from ``labels_file``.
+
+    Each line is ``filename class`` or ``filename,class`` (CSV, e.g. ImageNet's
+    ``LOC_val_solution.csv``; a header line is skipped).  ``filename`` may omit the
+    extension.  ``class`` is a class name (e.g. a WordNet id) or a 0-based label
+    index into ``classes``.  ``classes`` should be the train split's class list so
+    labels agree; without it, the sorted class names in the file are used.
+    Every image must have exactly one label and every label an image.
+    """
+    root, labels_file = Path(root), Path(labels_file)
+    if not root.is_dir():
+        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+    if not labels_file.is_file():
+        raise FileNotFoundError(f"labels file {labels_file} does not exist")
+    files = sorted(f for f in os.listdir(root) if is_image_file(f) and (root / f).is_file())
+    by_name = {f: f for f in files}
+    by_stem: dict[str, str] = {}
+    for f in files:
+        by_stem.setdefault(os.path.splitext(f)[0], f)
+    rows = _read_label_lines(labels_file)
+    if rows and rows[0][1] not in by_name and rows[0][1] not in by_stem:
+        rows = rows[1:]  # a header line such as "ImageId,PredictionString"
+    if classes is None:
+        tokens = {tok for _, _, tok in rows}
+        if any(t.isdigit() for t in tokens):
+            raise ValueError(f"{labels_file} gives numeric labels but no class list is known; "
+                             "preprocess the train split in the same run (its folders define "
+                             "the classes) or use class names in the labels file")
+        classes = sorted(tokens)
+    classes = list(classes)
+    index = {c: i for i, c in enumerate(classes)}
+    label_of: dict[str, int] = {}
+    for lineno, name, tok in rows:
+        f = by_name.get(name) or by_stem.get(name)
+        if f is None:
+            raise ValueError(f"{labels_file}:{lineno}: no image {name!r} in {root}; fix the "
+                             "labels file or restore the image")
+        if tok in index:
+            label = index[tok]
+        elif tok.isdigit() and int(tok) < len(classes):
+            label = int(tok)
+        else:
+            raise ValueError(f"{labels_file}:{lineno}: class {tok!r} is not one of the "
+                             f"{len(classes)} classes (e.g. {classes[:3]}) nor a label index "
+                             f"below {len(classes)}")
+        if f in label_of and label_of[f] != label:
+            raise ValueError(f"{labels_file}:{lineno}: {f} is labelled twice, differently")
+        label_of[f] = label
+    unlabelled = [f for f in files if f not in label_of]
+    if unlabelled:
+        raise ValueError(f"{len(unlabelled)} image(s) in {root} have no line in {labels_file} "
+                         f"(e.g. {unlabelled[:3]}); add their labels or move them out")
+    labels = np.asarray([label_of[f] for f in files], np.int32)
+    present = set(labels.tolist())
+    empty = [c for i, c in enumerate(classes) if i not in present]
+    return Scan(root, classes, files, labels, empty, 0)

@@ -1,0 +1,337 @@
+"""Write a scanned split into seqloader LMDB file(s): seeded order, streaming, resumable.
+
+NOTE [ crash-safe, resumable writes ]
+Each shard is written to ``<file>.partial`` and renamed to ``<file>`` only after
+its final metadata (``complete=True``) is committed and synced.  Every commit
+(about ``commit_bytes`` of records) also rewrites the metadata with the writer's
+progress: the next source position, the record count, the checksum chain state
+and the bad files so far.  LMDB commits are atomic, so after Ctrl-C or
+``kill -9`` the partial file holds exactly the records of its last commit and
+the progress that matches them.  Re-running the same command checks the plan's
+fingerprint (sources, order, options) and continues from there; the write order
+and the per-image processing are deterministic, so the result is byte-for-byte
+the records of an uninterrupted run.  A complete file is never replaced without
+``overwrite``; a complete shard with the same fingerprint is skipped (so a
+multi-shard run resumes at its first unfinished shard).
+"""
+from __future__ import annotations
+
+import datetime
+import fcntl
+import hashlib
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lmdb
+import numpy as np
+from tqdm import tqdm
+
+from . import __version__
+from .database import open_env, read_meta
+from .format import (EMPTY_CHECKSUM, FORMAT_VERSION, META_KEY, FormatError, Meta, Record,
+                     chain_checksum, encode_key, pack_meta, pack_record, record_digest, shard_path)
+from .images import prepare_image
+from .pool import ordered_map
+from .scan import Scan
+
+__all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "write_split",
+           "write_order"]
+
+
+class BadImageError(ValueError):
+    """An undecodable source image, raised in ``strict`` mode."""
+
+
+@dataclass
+class WriteOptions:
+    """How to write a split.  Every field but ``workers``, ``overwrite``,
+    ``shard_ids``, ``commit_bytes`` and ``progress`` changes the bytes written and is
+    part of the resume fingerprint."""
+
+    seed: int = 0
+    shuffle: bool = True
+    verify: bool = True
+    strict: bool = False
+    max_size: int | None = None
+    quality: int = 95
+    store_paths: bool = True
+    shards: int = 1
+    shard_ids: list[int] | None = None
+    workers: int = max(4, 2 * (os.cpu_count() or 1))
+    overwrite: bool = False
+    commit_bytes: int = 64 << 20
+    initial_map_size: int = 1 << 30
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError(f"shards must be >= 1, got {self.shards}")
+        if self.shard_ids is not None:
+            bad = [s for s in self.shard_ids if not 0 <= s < self.shards]
+            if bad:
+                raise ValueError(f"shard ids {bad} are not in [0, {self.shards}); "
+                                 f"with --shards {self.shards} use 0..{self.shards - 1}")
+        if self.max_size is not None and self.max_size < 1:
+            raise ValueError(f"max_size must be a positive number of pixels, got {self.max_size}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be in 1..100, got {self.quality}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+
+
+@dataclass
+class ShardResult:
+    path: Path
+    num_records: int
+    image_bytes: int
+    bad_files: list[list[str]]
+    seconds: float
+    skipped: bool = False  # already complete from an earlier run
+
+
+@dataclass
+class WriteReport:
+    split: str
+    shards: list[ShardResult] = field(default_factory=list)
+
+    @property
+    def num_records(self) -> int:
+        return sum(s.num_records for s in self.shards)
+
+    @property
+    def bad_files(self) -> list[list[str]]:
+        return [b for s in self.shards for b in s.bad_files]
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(s.image_bytes for s in self.shards)
+
+
+def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
+    """The order in which sources are written: a permutation drawn from ``seed``
+    (so every run and every resume agrees), or ``arange(n)``."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng(np.random.SeedSequence([seed])).permutation(n)
+
+
+def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((FORMAT_VERSION, split, scan.classes, opt.verify, opt.max_size,
+                   opt.quality if opt.max_size else None, opt.store_paths, opt.shards)).encode())
+    for i in order.tolist():
+        h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode())
+    return h.hexdigest()
+
+
+def _remove_db(path: Path) -> None:
+    for p in (path, path.with_name(path.name + "-lock")):
+        p.unlink(missing_ok=True)
+
+
+def _report_path(final: Path) -> Path:
+    return final.with_name(final.name + ".bad-files.tsv")
+
+
+class _ShardWriter:
+    """Writes positions ``[start, stop)`` of the order into one shard file."""
+
+    def __init__(self, scan: Scan, split: str, order: np.ndarray, final: Path, shard: int,
+                 fingerprint: str, opt: WriteOptions):
+        self.scan, self.split, self.order, self.final = scan, split, order, final
+        self.shard, self.fingerprint, self.opt = shard, fingerprint, opt
+        self.partial = final.with_name(final.name + ".partial")
+
+    def _load_or_start(self, env: lmdb.Environment) -> Meta:
+        try:
+            meta = read_meta(env, self.partial, require_complete=False)
+        except FormatError:
+            meta = None
+        if meta is not None and meta.fingerprint != self.fingerprint:
+            raise FileExistsError(
+                f"{self.partial} is an unfinished write of a different command (other "
+                "sources, order or options). Re-run that command to finish it, or pass "
+                "--overwrite to discard it and start again")
+        if meta is None:
+            o = self.opt
+            meta = Meta(split=self.split, classes=list(self.scan.classes), num_records=0,
+                        complete=False, checksum=EMPTY_CHECKSUM, fingerprint=self.fingerprint,
+                        shard=self.shard, num_shards=o.shards, shuffled=o.shuffle,
+                        seed=o.seed if o.shuffle else None,
+                        created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                        writer={"seqloader": __version__, "verify": o.verify,
+                                "max_size": o.max_size, "quality": o.quality})
+        return meta
+
+    def _prepare(self, pos: int) -> tuple[int, bytes | None, bytes | str]:
+        """(position, record value, digest) or (position, None, error reason)."""
+        i = int(self.order[pos])
+        rel = self.scan.paths[i]
+        try:
+            data = (self.scan.root / rel).read_bytes()
+        except OSError as e:
+            return pos, None, f"cannot read: {e.strerror or e}"
+        p = prepare_image(data, verify=self.opt.verify, max_size=self.opt.max_size,
+                          quality=self.opt.quality)
+        if p.data is None:
+            return pos, None, p.error or "unknown error"
+        value = pack_record(Record(p.data, int(self.scan.labels[i]),
+                                   rel if self.opt.store_paths else None, p.reencoded))
+        return pos, value, record_digest(value)
+
+    def _commit(self, env: lmdb.Environment, pending: list[tuple[bytes, bytes]], meta: Meta) -> None:
+        while True:
+            try:
+                with env.begin(write=True) as txn:
+                    for key, value in pending:
+                        if not txn.put(key, value, append=True):  # pragma: no cover - invariant
+                            raise AssertionError(f"key {key!r} already present")
+                    txn.put(META_KEY, pack_meta(meta))
+                return
+            except lmdb.MapFullError:
+                env.set_mapsize(env.info()["map_size"] * 2)
+
+    def run(self, start: int, stop: int) -> ShardResult:
+        t0 = time.perf_counter()
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(str(self.partial), subdir=False, map_size=self.opt.initial_map_size,
+                        readahead=False, meminit=False, max_dbs=0, lock=True)
+        lockf = open(self.partial, "rb")
+        try:
+            try:
+                fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(f"another process is writing {self.partial}; wait for it "
+                                   "or stop it before re-running") from None
+            meta = self._load_or_start(env)
+            self._write_records(env, meta, start, stop)
+            meta.complete = True
+            meta.next_source = stop - start
+            self._commit(env, [], meta)
+            env.sync(True)
+        except BaseException:
+            env.close()
+            lockf.close()
+            raise
+        env.close()
+        lockf.close()
+        os.replace(self.partial, self.final)
+        Path(str(self.partial) + "-lock").unlink(missing_ok=True)
+        dirfd = os.open(self.final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+        report = _report_path(self.final)
+        if meta.bad_files:
+            report.write_text("".join(f"{p}\t{r}\n" for p, r in meta.bad_files))
+        else:
+            report.unlink(missing_ok=True)
+        return ShardResult(self.final, meta.num_records, meta.image_bytes, meta.bad_files,
+                           time.perf_counter() - t0)
+
+    def _write_records(self, env: lmdb.Environment, meta: Meta, start: int, stop: int) -> None:
+        opt = self.opt
+        pending: list[tuple[bytes, bytes]] = []
+        pending_bytes = 0
+        label = f"{self.split}" + (f" {self.shard + 1}/{opt.shards}" if opt.shards > 1 else "")
+        bar = tqdm(total=stop - start, initial=meta.next_source, unit="img", desc=label,
+                   disable=not opt.progress, dynamic_ncols=True, smoothing=0.05)
+        nbytes, t_last = 0, time.perf_counter()
+        positions = range(start + meta.next_source, stop)
+        try:
+            for pos, value, digest in ordered_map(self._prepare, positions, workers=opt.workers):
+                if value is None:
+                    path = self.scan.paths[int(self.order[pos])]
+                    if opt.strict:
+                        raise BadImageError(f"{self.scan.root / path}: {digest}. Fix or remove "
+                                            "the file, or drop --strict to skip bad files")
+                    meta.bad_files.append([path, str(digest)])
+                else:
+                    key = encode_key(meta.num_records)
+                    pending.append((key, value))
+                    pending_bytes += len(value)
+                    meta.checksum = chain_checksum(meta.checksum, key, digest)
+                    meta.num_records += 1
+                    meta.image_bytes += len(value)
+                    nbytes += len(value)
+                meta.next_source = pos + 1 - start
+                bar.update(1)
+                if pending_bytes >= opt.commit_bytes:
+                    self._commit(env, pending, meta)
+                    pending, pending_bytes = [], 0
+                now = time.perf_counter()
+                if now - t_last > 1.0:
+                    bar.set_postfix_str(f"{nbytes / (now - t_last) / 2**20:.0f} MB/s, "
+                                        f"{len(meta.bad_files)} bad")
+                    nbytes, t_last = 0, now
+            if pending:
+                self._commit(env, pending, meta)
+        finally:
+            bar.close()
+
+
+def write_split(scan: Scan, out: str | Path, split: str,
+                options: WriteOptions | None = None) -> WriteReport:
+    """Write ``scan`` to ``out`` (a ``.lmdb`` file path; with ``options.shards > 1``,
+    to ``<stem>-SSSSS-of-NNNNN.lmdb`` beside it).
+
+    Streams: memory is bounded by ``commit_bytes`` plus the in-flight images,
+    whatever the dataset size.  Resumable and crash-safe (see NOTE [ crash-safe,
+    resumable writes ]).  Raises :class:`FileExistsError` rather than replacing a
+    complete database written differently (pass ``overwrite``), and
+    :class:`BadImageError` in ``strict`` mode, after removing what this call wrote.
+    """
+    opt = options or WriteOptions()
+    out = Path(out)
+    if len(scan) == 0:
+        raise ValueError(f"split {split!r} at {scan.root} has no images; nothing to write")
+    if opt.shards > len(scan):
+        raise ValueError(f"--shards {opt.shards} is more than the {len(scan)} images of "
+                         f"split {split!r}; use at most {len(scan)}")
+    order = write_order(len(scan), seed=opt.seed, shuffle=opt.shuffle)
+    fingerprint = _fingerprint(scan, split, order, opt)
+    bounds = [round(k * len(scan) / opt.shards) for k in range(opt.shards + 1)]
+    report = WriteReport(split)
+    written: list[Path] = []
+    for k in (opt.shard_ids if opt.shard_ids is not None else range(opt.shards)):
+        final = shard_path(out, k, opt.shards)
+        partial = final.with_name(final.name + ".partial")
+        if opt.overwrite:
+            _remove_db(final)
+            _remove_db(partial)
+        elif final.exists():
+            report.shards.append(_existing(final, fingerprint))
+            continue
+        writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt)
+        try:
+            report.shards.append(writer.run(bounds[k], bounds[k + 1]))
+        except BadImageError:
+            _remove_db(partial)
+            for p in written:
+                _remove_db(p)
+            raise
+        written.append(final)
+    if report.bad_files:
+        warnings.warn(f"{split}: {len(report.bad_files)} file(s) could not be decoded and were "
+                      f"skipped; see {_report_path(report.shards[0].path)}"
+                      f"{' (one per shard)' if opt.shards > 1 else ''}", stacklevel=2)
+    return report
+
+
+def _existing(final: Path, fingerprint: str) -> ShardResult:
+    env = open_env(final)
+    try:
+        meta = read_meta(env, final, require_complete=False)
+    except FormatError:
+        meta = None
+    finally:
+        env.close()
+    if meta is None or not meta.complete or meta.fingerprint != fingerprint:
+        raise FileExistsError(f"{final} already exists and was not written by this command "
+                              "(different sources, order or options); pass --overwrite to "
+                              "replace it, or choose another output folder")
+    return ShardResult(final, meta.num_records, meta.image_bytes, meta.bad_files, 0.0, skipped=True)

@@ -1,0 +1,25 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="seqloader",
+    version="0.1.0",
+    description="Fast sequential ImageNet-scale data loading from LMDB for PyTorch",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["seqloader", "seqloader.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "lmdb>=1.4",
+        "msgpack>=1.0",
+        "opencv-python-headless>=4.5",
+        "numpy>=1.22",
+        "torch>=1.12",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        # pillow: writes the CMYK JPEGs of the synthetic dataset (OpenCV cannot)
+        "test": ["pytest>=7", "pillow>=9"],
+        "plot": ["matplotlib>=3.5"],
+    },
+    entry_points={"console_scripts": ["seqloader=seqloader.cli:main"]},
+)

@@ -1,0 +1,66 @@
+"""Shared fixtures: a tiny synthetic ImageNet tree, written through the real writer."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def synth_tree(tmp_path_factory):
+    """A small ImageNet-layout tree: 4 classes x 12 train (+3 val) images, odd formats
+    (gray, PNG-as-JPEG, CMYK when Pillow is installed) and 3 undecodable files."""
+    from seqloader.synth import make_synthetic_imagenet
+
+    root = tmp_path_factory.mktemp("synth") / "imagenet"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make_synthetic_imagenet(root, classes=4, per_class=12, val_per_class=3,
+                                       seed=1, odd_fraction=0.15, bad=3, size="small",
+                                       progress=False)
+
+
+@pytest.fixture(scope="session")
+def lmdb_dir(synth_tree, tmp_path_factory) -> Path:
+    """``synth_tree`` preprocessed with default options (train shuffled, val sorted)."""
+    from seqloader import WriteOptions, preprocess
+
+    out = tmp_path_factory.mktemp("lmdb")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preprocess(synth_tree.root, out, options=WriteOptions(progress=False, workers=2))
+    return out
+
+
+def read_records(path) -> list:
+    """All (global index, Record) of a database, via the public format helpers."""
+    from seqloader.database import open_database, open_env
+    from seqloader.format import decode_key, encode_key, is_record_key, unpack_record
+
+    db = open_database(path)
+    out = []
+    for p, off in zip(db.paths, db.offsets):
+        env = open_env(p)
+        with env.begin() as txn:
+            cur = txn.cursor()
+            cur.set_range(encode_key(0))
+            for k, v in cur:
+                if is_record_key(k):
+                    out.append((off + decode_key(k), unpack_record(v)))
+        env.close()
+    return out
+
+
+def raw_items(path) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of one LMDB file, metadata included."""
+    from seqloader.database import open_env
+
+    env = open_env(path)
+    with env.begin() as txn:
+        items = list(txn.cursor())
+    env.close()
+    return items

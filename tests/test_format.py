@@ -1,0 +1,110 @@
+import os
+
+import lmdb
+import msgpack
+import pytest
+
+from seqloader.database import open_database
+from seqloader.format import (FORMAT_VERSION, META_KEY, FormatError, IncompleteError, Record,
+                              decode_key, encode_key, find_database, is_record_key, pack_meta,
+                              pack_record, shard_path, unpack_meta, unpack_record)
+
+
+def test_keys_sort_in_index_order_and_after_meta():
+    idx = [0, 1, 2, 255, 256, 65535, 10**9, 2**40]
+    keys = [encode_key(i) for i in idx]
+    assert sorted(keys) == keys
+    assert all(META_KEY < k for k in keys)
+    assert [decode_key(k) for k in keys] == idx
+    assert all(is_record_key(k) for k in keys) and not is_record_key(META_KEY)
+    with pytest.raises(ValueError, match="out of range"):
+        encode_key(-1)
+
+
+def test_record_roundtrip_keeps_optional_and_unknown_fields():
+    rec = Record(b"\xff\xd8jpeg", 7, path="n1/x.JPEG", reencoded="cmyk", extra={"box": [1, 2]})
+    back = unpack_record(pack_record(rec))
+    assert back == rec
+    minimal = unpack_record(msgpack.packb({"image": b"x", "label": 3}))
+    assert (minimal.image, minimal.label, minimal.path) == (b"x", 3, None)
+
+
+def test_malformed_record_names_where():
+    with pytest.raises(FormatError, match="record 12"):
+        unpack_record(b"\x93\x01", where="record 12")
+    with pytest.raises(FormatError, match="label of type str"):
+        unpack_record(msgpack.packb({"image": b"x", "label": "cat"}))
+
+
+def test_pickle_payload_cannot_run_code(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    payload = pickle.dumps(Evil())
+    with pytest.raises(FormatError):
+        unpack_record(payload)
+    with pytest.raises(FormatError):
+        unpack_meta(payload, where="x")
+    assert not marker.exists()
+
+
+def _write_lmdb(path, items):
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for k, v in items:
+            txn.put(k, v)
+    env.close()
+
+
+def _meta_dict(**over):
+    d = dict(format="seqloader", version=FORMAT_VERSION, split="train", classes=["a"],
+             num_records=0, complete=True, checksum="00" * 32, fingerprint="f")
+    d.update(over)
+    return d
+
+
+def test_newer_version_and_incomplete_and_foreign_files_fail_clearly(tmp_path):
+    newer = tmp_path / "newer.lmdb"
+    _write_lmdb(newer, [(META_KEY, msgpack.packb(_meta_dict(version=FORMAT_VERSION + 1)))])
+    with pytest.raises(FormatError, match=rf"version {FORMAT_VERSION + 1} is not supported.*upgrade"):
+        open_database(newer)
+    partial = tmp_path / "partial.lmdb"
+    _write_lmdb(partial, [(META_KEY, msgpack.packb(_meta_dict(complete=False)))])
+    with pytest.raises(IncompleteError, match="incomplete.*resume"):
+        open_database(partial)
+    assert open_database(partial, require_complete=False).metas[0].complete is False
+    foreign = tmp_path / "foreign.lmdb"
+    _write_lmdb(foreign, [(b"00000001", b"pickled stuff")])
+    with pytest.raises(FormatError, match="not written by seqloader"):
+        open_database(foreign)
+    junk = tmp_path / "junk.lmdb"
+    junk.write_bytes(b"not lmdb at all" * 1000)
+    with pytest.raises(FormatError, match="cannot be opened as an LMDB"):
+        open_database(junk)
+
+
+def test_meta_roundtrip_ignores_unknown_fields():
+    d = _meta_dict(future_field=1)
+    meta = unpack_meta(msgpack.packb(d), where="x")
+    assert meta.split == "train" and unpack_meta(pack_meta(meta), where="y") == meta
+
+
+def test_shard_names_and_discovery(tmp_path):
+    out = tmp_path / "ILSVRC-train.lmdb"
+    assert shard_path(out, 0, 1) == out
+    names = [shard_path(out, i, 3) for i in range(3)]
+    assert names[1].name == "ILSVRC-train-00001-of-00003.lmdb"
+    for p in names[::2]:
+        p.write_bytes(b"")
+    with pytest.raises(FormatError, match=r"shard\(s\) \[1\] of 3 are missing"):
+        find_database(tmp_path, "train")
+    names[1].write_bytes(b"")
+    assert find_database(tmp_path, "train") == names
+    assert find_database(names[2]) == names
+    with pytest.raises(FileNotFoundError, match="ILSVRC-val.lmdb"):
+        find_database(tmp_path, "val")

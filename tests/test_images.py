@@ -1,0 +1,79 @@
+import io
+
+import cv2
+import numpy as np
+import pytest
+
+from seqloader.images import decode_bgr, jpeg_info, prepare_image, sniff_format
+
+
+def _photo(h=48, w=64):
+    y, x = np.mgrid[0:h, 0:w]
+    return np.dstack([(x * 4) % 256, (y * 5) % 256, ((x + y) * 2) % 256]).astype(np.uint8)
+
+
+def _jpeg(img, q=95):
+    return cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, q])[1].tobytes()
+
+
+def test_plain_jpeg_is_stored_untouched():
+    data = _jpeg(_photo())
+    p = prepare_image(data)
+    assert p.data is data and p.reencoded is None and p.error is None
+    assert jpeg_info(data) == (48, 64, 3)
+
+
+def test_grayscale_jpeg_is_kept_and_decodes_to_three_channels():
+    data = _jpeg(_photo()[:, :, 0])
+    assert jpeg_info(data)[2] == 1
+    p = prepare_image(data)
+    assert p.data is data
+    img = decode_bgr(p.data)
+    assert img.shape == (48, 64, 3) and (img[..., 0] == img[..., 2]).all()
+
+
+def test_png_named_jpeg_is_reencoded_as_rgb_jpeg():
+    bgr = _photo()
+    png = cv2.imencode(".png", bgr)[1].tobytes()
+    assert sniff_format(png) == "png"
+    p = prepare_image(png)
+    assert p.reencoded == "png" and sniff_format(p.data) == "jpeg"
+    assert np.abs(decode_bgr(p.data).astype(int) - bgr).mean() < 3
+
+
+def test_cmyk_jpeg_is_reencoded_with_correct_colours():
+    Image = pytest.importorskip("PIL.Image")
+    rgb = _photo()[:, :, ::-1]
+    buf = io.BytesIO()
+    Image.fromarray(rgb).convert("CMYK").save(buf, "JPEG", quality=95)
+    data = buf.getvalue()
+    assert jpeg_info(data)[2] == 4
+    p = prepare_image(data)
+    assert p.reencoded == "cmyk" and jpeg_info(p.data)[2] == 3
+    want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    got = decode_bgr(p.data)[:, :, ::-1]
+    assert np.abs(got.astype(int) - want).mean() < 4
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"", "empty file"),
+    (b"hello, I am text", "not an image"),
+    (b"\xff\xd8\xff\xe0" + b"\x00" * 50, "damaged"),
+])
+def test_undecodable_data_is_rejected_with_reason(data, reason):
+    p = prepare_image(data)
+    assert p.data is None and reason in p.error
+
+
+def test_truncated_jpeg_is_rejected_only_when_verifying():
+    data = _jpeg(_photo(200, 200))[:1500]
+    assert "truncated" in prepare_image(data).error
+    assert prepare_image(data, verify=False).data is data
+
+
+def test_max_size_shrinks_only_large_images():
+    big = _jpeg(_photo(300, 500))
+    p = prepare_image(big, max_size=100)
+    assert p.reencoded == "resized" and jpeg_info(p.data)[:2] == (100, 167)
+    small = _jpeg(_photo(80, 120))
+    assert prepare_image(small, max_size=100).data is small

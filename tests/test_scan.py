@@ -1,0 +1,96 @@
+import os
+
+import numpy as np
+import pytest
+
+from seqloader.scan import scan_class_tree, scan_labelled_folder
+
+
+def _touch(p, data=b"x"):
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+
+
+def imagefolder_reference(root):
+    """torchvision ImageFolder's rule, written out (torchvision cannot be imported here)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    exts = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+    out = []
+    for label, c in enumerate(classes):
+        for d, _, files in sorted(os.walk(root / c, followlinks=True)):
+            for f in sorted(files):
+                if f.lower().endswith(exts):
+                    out.append((os.path.relpath(os.path.join(d, f), root), label))
+    return classes, out
+
+
+def test_classes_and_labels_follow_imagefolder(tmp_path):
+    for rel in ["n02/b.JPEG", "n02/a.jpg", "n01/x.PNG", "n01/deep/er/y.jpeg", "n03/z.JpEg",
+                "n01/readme.txt", "n03/w.webp"]:
+        _touch(tmp_path / rel)
+    (tmp_path / "n00").mkdir()  # empty class keeps label 0
+    with pytest.warns(UserWarning, match="keep their labels"):
+        scan = scan_class_tree(tmp_path)
+    classes, ref = imagefolder_reference(tmp_path)
+    assert scan.classes == classes == ["n00", "n01", "n02", "n03"]
+    assert list(zip(scan.paths, scan.labels.tolist())) == ref
+    assert scan.empty_classes == ["n00"] and scan.ignored == 1
+    assert scan.labels.dtype == np.int32
+
+
+def test_hidden_files_and_folders_inside_classes_are_ignored(tmp_path):
+    _touch(tmp_path / "c/.hidden.JPEG")
+    _touch(tmp_path / "c/._resource.JPEG")
+    _touch(tmp_path / "c/.cache/x.JPEG")
+    _touch(tmp_path / "c/ok.JPEG")
+    scan = scan_class_tree(tmp_path)
+    assert scan.paths == ["c/ok.JPEG"]
+
+
+def test_scan_errors_name_the_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        scan_class_tree(tmp_path / "nope")
+    _touch(tmp_path / "flat.JPEG")
+    with pytest.raises(ValueError, match="no class sub-folders.*--val-labels"):
+        scan_class_tree(tmp_path)
+
+
+@pytest.mark.parametrize("style", ["space", "csv", "loc_csv", "numeric", "no_ext"])
+def test_labels_file_layouts(tmp_path, style):
+    val = tmp_path / "val"
+    for i in range(4):
+        _touch(val / f"ILSVRC2012_val_{i:08d}.JPEG")
+    classes = ["n01", "n02", "n03"]
+    want = {0: 2, 1: 0, 2: 1, 3: 2}
+    lines = []
+    if style in ("csv", "loc_csv"):
+        lines.append("ImageId,PredictionString")
+    for i, lab in want.items():
+        name = f"ILSVRC2012_val_{i:08d}" + ("" if style in ("no_ext", "loc_csv") else ".JPEG")
+        if style == "space" or style == "no_ext":
+            lines.append(f"{name} {classes[lab]}")
+        elif style == "csv":
+            lines.append(f"{name},{classes[lab]}")
+        elif style == "loc_csv":
+            lines.append(f"{name},{classes[lab]} 1 2 3 4 {classes[lab]} 5 6 7 8")
+        else:
+            lines.append(f"{name} {lab}")
+    (tmp_path / "labels.txt").write_text("\n".join(lines) + "\n")
+    scan = scan_labelled_folder(val, tmp_path / "labels.txt", classes)
+    assert scan.classes == classes
+    assert scan.labels.tolist() == [want[i] for i in range(4)]
+
+
+def test_labels_file_must_cover_every_image(tmp_path):
+    val = tmp_path / "val"
+    _touch(val / "a.JPEG")
+    _touch(val / "b.JPEG")
+    (tmp_path / "l.txt").write_text("a.JPEG n1\n")
+    with pytest.raises(ValueError, match=r"1 image\(s\).*have no line.*b.JPEG"):
+        scan_labelled_folder(val, tmp_path / "l.txt", ["n1"])
+    (tmp_path / "l.txt").write_text("a.JPEG n1\nb.JPEG n1\nc.JPEG n1\n")
+    with pytest.raises(ValueError, match=r"l.txt:3: no image 'c.JPEG'"):
+        scan_labelled_folder(val, tmp_path / "l.txt", ["n1"])
+    (tmp_path / "l.txt").write_text("a.JPEG n1\nb.JPEG n9\n")
+    with pytest.raises(ValueError, match=r"class 'n9' is not one of"):
+        scan_labelled_folder(val, tmp_path / "l.txt", ["n1"])

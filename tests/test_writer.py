@@ -1,0 +1,247 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from conftest import raw_items, read_records
+from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
+                       scan_class_tree, write_split)
+from seqloader.cli import main as cli
+from seqloader.database import open_env, read_meta
+from seqloader.format import IncompleteError, META_KEY, encode_key, shard_path
+from seqloader.images import decode_bgr
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _opts(**kw):
+    kw.setdefault("progress", False)
+    kw.setdefault("workers", 2)
+    return WriteOptions(**kw)
+
+
+def _quiet(fn, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*a, **kw)
+
+
+def test_every_good_image_stored_exactly_once_with_imagefolder_labels(synth_tree, lmdb_dir):
+    scan = scan_class_tree(synth_tree.root / "train")
+    bad = {p.split("/", 1)[1] for p in synth_tree.bad_files if p.startswith("train/")}
+    recs = read_records(lmdb_dir / "ILSVRC-train.lmdb")
+    assert [i for i, _ in recs] == list(range(len(recs)))
+    stored = {r.path: r for _, r in recs}
+    assert len(stored) == len(recs) == len(scan) - len(bad)
+    for path, label in zip(scan.paths, scan.labels.tolist()):
+        if path in bad:
+            assert path not in stored
+            continue
+        rec = stored[path]
+        assert rec.label == label
+        if rec.reencoded is None:
+            assert rec.image == (synth_tree.root / "train" / path).read_bytes()
+    db = open_database(lmdb_dir, "train")
+    assert db.classes == synth_tree.classes == scan.classes
+
+
+def test_odd_formats_decode_to_three_channels(synth_tree, lmdb_dir):
+    recs = {f"{split}/{r.path}": r for split in ("train", "val")
+            for _, r in read_records(lmdb_dir / f"ILSVRC-{split}.lmdb")}
+    kinds = {k: v for k, v in synth_tree.odd_files.items() if v}
+    assert {"gray", "png"} <= set(kinds)
+    for kind, paths in kinds.items():
+        for rel in paths:
+            rec = recs[rel]
+            img = decode_bgr(rec.image)
+            assert img.ndim == 3 and img.shape[2] == 3
+            assert rec.reencoded == (None if kind == "gray" else kind)
+
+
+def test_train_is_shuffled_by_seed_and_val_sorted(synth_tree, lmdb_dir, tmp_path):
+    train = [r.path for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")]
+    assert train != sorted(train)
+    val = [r.path for _, r in read_records(lmdb_dir / "ILSVRC-val.lmdb")]
+    assert val == scan_class_tree(synth_tree.root / "val").paths
+    _quiet(preprocess, synth_tree.root, tmp_path / "s1", splits=["train"], options=_opts(seed=5))
+    _quiet(preprocess, synth_tree.root, tmp_path / "s2", splits=["train"],
+           options=_opts(shuffle=False))
+    other = [r.path for _, r in read_records(tmp_path / "s1/ILSVRC-train.lmdb")]
+    assert sorted(other) == sorted(train) and other != train
+    assert [r.path for _, r in read_records(tmp_path / "s2/ILSVRC-train.lmdb")] == sorted(train)
+
+
+def test_bad_files_are_reported_not_fatal(synth_tree, lmdb_dir):
+    report = (lmdb_dir / "ILSVRC-train.lmdb.bad-files.tsv").read_text().splitlines()
+    listed = {line.split("\t")[0] for line in report}
+    assert listed == {p.split("/", 1)[1] for p in synth_tree.bad_files}
+    assert all(line.split("\t")[1] for line in report)
+    meta = open_database(lmdb_dir, "train").metas[0]
+    assert len(meta.bad_files) == len(synth_tree.bad_files)
+
+
+def test_bad_file_warning_counts_them(synth_tree, tmp_path):
+    with pytest.warns(UserWarning, match=rf"{len(synth_tree.bad_files)} file\(s\) could not be decoded"):
+        preprocess(synth_tree.root, tmp_path, splits=["train"], options=_opts())
+
+
+def test_strict_stops_with_no_database(synth_tree, tmp_path, capsys):
+    with pytest.raises(BadImageError, match="drop --strict"):
+        _quiet(preprocess, synth_tree.root, tmp_path, splits=["train"],
+               options=_opts(strict=True, shards=2))
+    assert not list(tmp_path.glob("*.lmdb*"))
+    code = cli(["preprocess", str(synth_tree.root), str(tmp_path / "cli"), "--strict",
+                "--no-progress", "--splits", "train"])
+    assert code != 0 and "JPEG" in capsys.readouterr().err
+    assert not list((tmp_path / "cli").glob("*.lmdb"))
+
+
+def test_shards_hold_every_record_once(synth_tree, lmdb_dir, tmp_path):
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["train"], options=_opts(shards=3))
+    db = open_database(tmp_path, "train")
+    assert len(db.paths) == 3 and max(db.shard_sizes) - min(db.shard_sizes) <= 3
+    sharded = [r for _, r in read_records(db.paths[0])]
+    single = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")]
+    assert [r.path for r in sharded] == [r.path for r in single]  # same global order
+    # a single shard can be (re)written on its own, e.g. one per machine
+    db.paths[1].unlink()
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["train"],
+           options=_opts(shards=3, shard_ids=[1]))
+    assert open_database(tmp_path, "train").shard_sizes == db.shard_sizes
+
+
+def test_existing_output_is_never_overwritten_silently(synth_tree, lmdb_dir, tmp_path):
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
+    before = raw_items(tmp_path / "ILSVRC-val.lmdb")
+    # the same command again: already complete, nothing rewritten
+    rep = _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
+    assert rep[0].shards[0].skipped
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts(verify=False))
+    assert raw_items(tmp_path / "ILSVRC-val.lmdb") == before
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"],
+           options=_opts(verify=False, overwrite=True))
+    assert open_database(tmp_path, "val").metas[0].writer["verify"] is False
+
+
+def test_map_grows_on_demand(synth_tree, tmp_path):
+    rep = _quiet(preprocess, synth_tree.root, tmp_path, splits=["train"],
+                 options=_opts(initial_map_size=64 << 10, commit_bytes=1 << 20))
+    assert rep[0].num_records == len(read_records(tmp_path / "ILSVRC-train.lmdb"))
+
+
+KILLABLE = textwrap.dedent("""
+    import sys, time, warnings
+    warnings.simplefilter("ignore")
+    import seqloader.writer as w
+    real = w.prepare_image
+    def slow(*a, **k):
+        time.sleep(0.01)
+        return real(*a, **k)
+    w.prepare_image = slow
+    from seqloader import preprocess, WriteOptions
+    preprocess(sys.argv[1], sys.argv[2], splits=["train"],
+               options=WriteOptions(progress=False, workers=1, commit_bytes=20000, shards=2))
+""")
+
+
+def _records_committed(partial: Path) -> int:
+    if not partial.exists():
+        return 0
+    try:
+        env = lmdb.open(str(partial), subdir=False, readonly=True, lock=False)
+    except lmdb.Error:
+        return 0
+    with env.begin() as txn:
+        n = txn.stat()["entries"]
+    env.close()
+    return n
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_interrupted_write_resumes_to_identical_database(synth_tree, tmp_path, sig):
+    ref = tmp_path / "ref"
+    _quiet(preprocess, synth_tree.root, ref, splits=["train"], options=_opts(shards=2))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE, str(synth_tree.root), str(out)],
+                            env=env)
+    partial = shard_path(out / "ILSVRC-train.lmdb", 1, 2).with_suffix(".lmdb.partial")
+    deadline = time.time() + 60
+    while _records_committed(partial) < 5 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "writer finished before it could be interrupted"
+    proc.send_signal(sig)
+    proc.wait(30)
+    assert partial.exists()
+    with pytest.raises(IncompleteError):
+        open_database(partial, require_complete=True)
+    _quiet(preprocess, synth_tree.root, out, splits=["train"], options=_opts(shards=2))
+    assert not partial.exists()
+    for k in range(2):
+        a = raw_items(shard_path(ref / "ILSVRC-train.lmdb", k, 2))
+        b = raw_items(shard_path(out / "ILSVRC-train.lmdb", k, 2))
+        assert [x for x in a if x[0] != META_KEY] == [x for x in b if x[0] != META_KEY]
+        ma, mb = (open_database(shard_path(d / "ILSVRC-train.lmdb", k, 2)).metas[0]
+                  for d in (ref, out))
+        assert (ma.checksum, ma.num_records, ma.fingerprint) == (mb.checksum, mb.num_records,
+                                                                 mb.fingerprint)
+
+
+def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
+    out = tmp_path / "ILSVRC-train.lmdb"
+    scan = scan_class_tree(synth_tree.root / "train")
+    _quiet(write_split, scan, out, "train", _opts(seed=1))
+    out.rename(out.with_name(out.name + ".partial"))  # stands in for an unfinished seed-1 run
+    with pytest.raises(FileExistsError, match="different command"):
+        _quiet(write_split, scan, out, "train", _opts(seed=2))
+
+
+def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
+    assert cli(["info", str(lmdb_dir), "--split", "train", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["complete"] and info["num_records"] > 0 and info["format_version"] == 1
+    assert {"classes", "image_bytes", "checksums", "split"} <= set(info)
+    assert cli(["verify", str(lmdb_dir / "ILSVRC-val.lmdb"), "--no-progress"]) == 0
+    # damage one record: verify must name it and fail
+    import shutil
+    bad = tmp_path / "bad.lmdb"
+    shutil.copy(lmdb_dir / "ILSVRC-val.lmdb", bad)
+    env = lmdb.open(str(bad), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        import msgpack
+        rec = msgpack.unpackb(txn.get(encode_key(2)))
+        rec["image"] = rec["image"][:100] + b"\x00" * 100
+        txn.put(encode_key(2), msgpack.packb(rec, use_bin_type=True))
+    env.close()
+    capsys.readouterr()
+    assert cli(["verify", str(bad), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "bad record 2" in out and "checksum" in out
+
+
+def test_val_labels_flat_folder(synth_tree, tmp_path):
+    import shutil
+    root = tmp_path / "imnet"
+    shutil.copytree(synth_tree.root / "train", root / "train")
+    (root / "val").mkdir()
+    lines = []
+    for i, (rel, lab) in enumerate(zip(*(lambda s: (s.paths, s.labels))(
+            scan_class_tree(synth_tree.root / "val")))):
+        shutil.copy(synth_tree.root / "val" / rel, root / "val" / f"v_{i:04d}.JPEG")
+        lines.append(f"v_{i:04d}.JPEG {synth_tree.classes[lab]}")
+    (tmp_path / "labels.txt").write_text("\n".join(lines))
+    code = cli(["preprocess", str(root), str(tmp_path / "out"), "--splits", "val",
+                "--val-labels", str(tmp_path / "labels.txt"), "--no-progress"])
+    assert code == 0
+    recs = [r for _, r in read_records(tmp_path / "out/ILSVRC-val.lmdb")]
+    assert [r.label for r in recs] == scan_class_tree(synth_tree.root / "val").labels.tolist()
+    assert open_database(tmp_path / "out", "val").classes == synth_tree.classes
