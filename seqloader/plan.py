@@ -1,0 +1,194 @@
+"""The epoch plan, as pure functions of (sizes, seed, epoch, rank, worker).
+
+NOTE [ the epoch plan ]
+1. The split's global record range (shards concatenated) is cut into contiguous
+   *chunks* of ``chunk_size`` records that never cross a shard boundary.
+2. Each epoch visits the chunks in an order drawn from ``(seed, epoch)`` (file
+   order when not shuffling).  Concatenated, they form the epoch *sequence*.
+3. Ranks take contiguous, disjoint slices of the sequence.  Training (``even``):
+   every rank gets ``N // world_size`` records and the last ``N % world_size``
+   records of the sequence are dropped -- at most ``world_size - 1`` per epoch,
+   different ones every epoch because the chunk order changes -- so every rank
+   has the same number of batches (uneven counts hang DistributedDataParallel).
+   Evaluation (not ``even``): slices differ by at most one record, every record
+   is visited exactly once overall, and batch counts may differ by one.
+4. A rank's slice is cut into batches of ``batch_size`` (the last one smaller,
+   or dropped with ``drop_last``: at most ``batch_size - 1`` records of the
+   rank's slice).  Batch ``j`` is built by worker ``j % num_workers``, which reads
+   the records of all its batches as one *stream* (ranges of contiguous records),
+   shuffles that stream locally (:mod:`seqloader.shuffle`) and cuts it into its
+   batches in order.  The main process yields batches ``0, 1, 2, ...`` -- so the
+   order of everything is a function of (seed, epoch, rank, num_workers).
+Nothing here reads data: ``len`` is known before iterating.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["PlanSpec", "EpochPlan", "make_chunks", "chunk_order", "rank_bounds",
+           "slice_ranges", "cut_ranges", "batch_sizes", "plan_epoch", "num_batches"]
+
+Range = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything the plan depends on.  ``even`` selects the training rule of step 3."""
+
+    shard_sizes: tuple[int, ...]
+    batch_size: int
+    chunk_size: int = 1024
+    shuffle: bool = True
+    drop_last: bool = False
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    num_workers: int = 1
+    even: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "chunk_size", "world_size", "num_workers"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        if any(s < 0 for s in self.shard_sizes):
+            raise ValueError(f"shard sizes must be >= 0, got {self.shard_sizes}")
+
+    @property
+    def num_records(self) -> int:
+        return int(sum(self.shard_sizes))
+
+
+def make_chunks(shard_sizes: Sequence[int], chunk_size: int) -> np.ndarray:
+    """``(k, 2)`` array of global ``[start, stop)`` chunks, none crossing a shard boundary."""
+    out = []
+    offset = 0
+    for size in shard_sizes:
+        starts = np.arange(offset, offset + size, chunk_size, dtype=np.int64)
+        out.append(np.stack([starts, np.minimum(starts + chunk_size, offset + size)], 1))
+        offset += size
+    return np.concatenate(out) if out else np.zeros((0, 2), np.int64)
+
+
+def chunk_order(num_chunks: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order in which an epoch visits the chunks: drawn from (seed, epoch), or file order."""
+    if not shuffle:
+        return np.arange(num_chunks)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x5E0]))
+    return rng.permutation(num_chunks)
+
+
+def rank_bounds(n: int, rank: int, world_size: int, *, even: bool) -> Range:
+    """Positions ``[lo, hi)`` of the epoch sequence that ``rank`` reads (step 3)."""
+    if even:
+        per = n // world_size
+        return rank * per, (rank + 1) * per
+    return rank * n // world_size, (rank + 1) * n // world_size
+
+
+def slice_ranges(ranges: Sequence[Range], lo: int, hi: int) -> list[Range]:
+    """The record ranges covering positions ``[lo, hi)`` of the concatenation of ``ranges``."""
+    out: list[Range] = []
+    pos = 0
+    for start, stop in ranges:
+        n = stop - start
+        a, b = max(lo - pos, 0), min(hi - pos, n)
+        if a < b:
+            out.append((start + a, start + b))
+        pos += n
+        if pos >= hi:
+            break
+    return out
+
+
+def cut_ranges(ranges: Sequence[Range], sizes: Sequence[int]) -> list[list[Range]]:
+    """Cut the concatenation of ``ranges`` into consecutive pieces of ``sizes`` records
+    (linear time; what is left after the last piece is ignored)."""
+    out: list[list[Range]] = []
+    it = iter(ranges)
+    cur: Range | None = None
+    for size in sizes:
+        piece: list[Range] = []
+        need = size
+        while need:
+            if cur is None or cur[0] == cur[1]:
+                cur = next(it)
+            take = min(need, cur[1] - cur[0])
+            piece.append((cur[0], cur[0] + take))
+            cur = (cur[0] + take, cur[1])
+            need -= take
+        out.append(piece)
+    return out
+
+
+def batch_sizes(n: int, batch_size: int, drop_last: bool) -> list[int]:
+    """Sizes of the batches a slice of ``n`` records makes (DataLoader's rule)."""
+    full, rem = divmod(n, batch_size)
+    return [batch_size] * full + ([rem] if rem and not drop_last else [])
+
+
+def num_batches(spec: PlanSpec) -> int:
+    """``len`` of one rank's epoch, without building the plan."""
+    lo, hi = rank_bounds(spec.num_records, spec.rank, spec.world_size, even=spec.even)
+    n = hi - lo
+    return n // spec.batch_size if spec.drop_last else math.ceil(n / spec.batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One rank's epoch.  ``streams[w]`` are the record ranges worker ``w`` reads, in
+    order; ``worker_batches[w]`` the sizes of the batches it cuts from its (locally
+    shuffled) stream.  Batch ``j`` of the epoch is batch ``j // W`` of worker ``j % W``."""
+
+    epoch: int
+    batch_sizes: tuple[int, ...]
+    streams: tuple[tuple[Range, ...], ...]
+    worker_batches: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_sizes)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.batch_sizes)
+
+    def worker_of(self, j: int) -> tuple[int, int]:
+        """(worker, index among that worker's batches) of epoch batch ``j``."""
+        w = len(self.streams)
+        return j % w, j // w
+
+
+def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
+    """The plan of ``epoch`` for ``spec.rank`` (see NOTE [ the epoch plan ])."""
+    chunks = make_chunks(spec.shard_sizes, spec.chunk_size)
+    order = chunk_order(len(chunks), seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
+    sequence = [(int(a), int(b)) for a, b in chunks[order]]
+    lo, hi = rank_bounds(spec.num_records, spec.rank, spec.world_size, even=spec.even)
+    mine = slice_ranges(sequence, lo, hi)
+    sizes = batch_sizes(hi - lo, spec.batch_size, spec.drop_last)
+    W = spec.num_workers
+    streams: list[list[Range]] = [[] for _ in range(W)]
+    per_worker: list[list[int]] = [[] for _ in range(W)]
+    for j, (size, pieces) in enumerate(zip(sizes, cut_ranges(mine, sizes))):
+        streams[j % W].extend(pieces)
+        per_worker[j % W].append(size)
+    return EpochPlan(epoch, tuple(sizes), tuple(tuple(_merge(s)) for s in streams),
+                     tuple(tuple(b) for b in per_worker))
+
+
+def _merge(ranges: list[Range]) -> list[Range]:
+    """Join ranges that continue each other (fewer, longer sequential reads)."""
+    out: list[Range] = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out

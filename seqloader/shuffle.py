@@ -1,0 +1,82 @@
+"""The local shuffle buffer: one algorithm, for stream positions or for items.
+
+NOTE [ local shuffle ]
+A buffer of ``capacity`` items; each output is drawn uniformly from the buffer.
+Warm-up: output starts once ``warmup`` items are buffered, and while the buffer
+is below capacity it takes two inputs per output, so it fills up while the first
+batches are already flowing (the first batch never waits for a 50,000-record
+buffer).  At the end of the stream the rest is drained in random order.
+
+The algorithm only moves positions around, so the whole output order of a worker's
+stream is a pure function of (stream length, capacity, warmup, rng): the worker
+runs it on positions and keeps the records read but not yet emitted (at most
+``capacity``) in a dict.  Resuming mid-epoch replays it on positions only (no I/O)
+and re-reads just the records that were in the buffer.
+"""
+from __future__ import annotations
+
+from typing import Generic, Iterable, Iterator, TypeVar
+
+import numpy as np
+
+__all__ = ["ShuffleBuffer", "shuffled", "shuffle_order"]
+
+T = TypeVar("T")
+_BLOCK = 4096
+
+
+class ShuffleBuffer(Generic[T]):
+    """Incremental form: :meth:`push` an input, get back the outputs it releases.
+
+    Not thread-safe.  State: ``items`` (buffered), ``consumed`` (inputs pushed) and
+    ``produced`` (outputs released).
+    """
+
+    def __init__(self, capacity: int, rng: np.random.Generator, *, warmup: int | None = None):
+        if capacity < 1:
+            raise ValueError(f"shuffle buffer capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.warmup = max(1, min(capacity, warmup if warmup is not None else capacity))
+        self.rng = rng
+        self.items: list[T] = []
+        self.consumed = 0
+        self.produced = 0
+        self._u = rng.random(_BLOCK)
+        self._k = 0
+
+    def _pop(self) -> T:
+        if self._k == _BLOCK:
+            self._u, self._k = self.rng.random(_BLOCK), 0
+        items = self.items
+        i = int(self._u[self._k] * len(items))
+        self._k += 1
+        items[i], items[-1] = items[-1], items[i]
+        self.produced += 1
+        return items.pop()
+
+    def push(self, item: T) -> list[T]:
+        self.items.append(item)
+        self.consumed += 1
+        n = len(self.items)
+        if n >= self.capacity or (n >= self.warmup and self.consumed % 2 == 0):
+            return [self._pop()]
+        return []
+
+    def drain(self) -> Iterator[T]:
+        while self.items:
+            yield self._pop()
+
+
+def shuffled(items: Iterable[T], capacity: int, rng: np.random.Generator, *,
+             warmup: int | None = None) -> Iterator[T]:
+    """Yield ``items`` locally shuffled (see NOTE [ local shuffle ]).  Finite if ``items`` is."""
+    buf: ShuffleBuffer[T] = ShuffleBuffer(capacity, rng, warmup=warmup)
+    for x in items:
+        yield from buf.push(x)
+    yield from buf.drain()
+
+
+def shuffle_order(n: int, capacity: int, rng: np.random.Generator, *,
+                  warmup: int | None = None) -> np.ndarray:
+    """The output order of ``shuffled(range(n), ...)`` as an array (for analysis)."""
+    return np.fromiter(shuffled(range(n), capacity, rng, warmup=warmup), np.int64, n)
