@@ -10,27 +10,68 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import os
+
 import lmdb
 
 from .format import META_KEY, FormatError, Meta, find_database, unpack_meta
 
-__all__ = ["Database", "open_env", "read_meta", "open_database"]
+__all__ = ["Database", "open_env", "close_env", "read_meta", "open_database"]
+
+
+# NOTE [ one environment per file and process ]
+# LMDB refuses to open a file twice in one process, and a forked child inherits the
+# parent's "already open" record.  So readers share one environment per file and
+# process (reference-counted), and a fork hook closes inherited ones in the child,
+# which then opens its own.
+_ENVS: dict[str, list] = {}  # realpath -> [env, references]
+
+
+def _forget_inherited_envs() -> None:
+    for env, _ in _ENVS.values():
+        try:
+            env.close()
+        except lmdb.Error:
+            pass
+    _ENVS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_envs)
 
 
 def open_env(path: str | Path, *, readahead: bool = True) -> lmdb.Environment:
-    """Open one database file read-only, without a lock file.
+    """Open one database file read-only, without a lock file; release with :func:`close_env`.
 
     ``lock=False`` means no reader slots and no ``-lock`` file, so read-only and
     network filesystems work and any number of processes can read; it is safe
-    because nothing writes a complete database.  Not fork-safe: open it in the
-    process that reads it.
+    because nothing writes a complete database.  The environment is shared within
+    the process (see NOTE [ one environment per file and process ]) and must only be
+    used in the process that opened it.
     """
+    key = os.path.realpath(path)
+    if key in _ENVS:
+        _ENVS[key][1] += 1
+        return _ENVS[key][0]
     try:
-        return lmdb.open(str(path), subdir=False, readonly=True, lock=False,
-                         readahead=readahead, max_spare_txns=1, max_dbs=0)
+        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False,
+                        readahead=readahead, max_spare_txns=1, max_dbs=0)
     except lmdb.Error as e:
         raise FormatError(f"{path}: cannot be opened as an LMDB database ({e}); is it a "
                           "seqloader .lmdb file, and was it copied completely?") from None
+    _ENVS[key] = [env, 1]
+    return env
+
+
+def close_env(env: lmdb.Environment) -> None:
+    """Drop one reference from :func:`open_env`; the last one closes the environment."""
+    for key, entry in list(_ENVS.items()):
+        if entry[0] is env:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _ENVS[key]
+                env.close()
+            return
+    env.close()
 
 
 def read_meta(env: lmdb.Environment, where: str | Path, *, require_complete: bool = True) -> Meta:
@@ -98,7 +139,7 @@ def open_database(path: str | Path, split: str | None = None, *,
         try:
             metas.append(read_meta(env, p, require_complete=require_complete))
         finally:
-            env.close()
+            close_env(env)
     first = metas[0]
     for p, m, i in zip(paths, metas, range(len(paths))):
         if (m.fingerprint, m.num_shards, m.classes, m.split) != \

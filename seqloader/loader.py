@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from .database import Database, open_database, open_env
+from .database import Database, close_env, open_database, open_env
 from .format import unpack_record, encode_key
 from .parallel import WorkerPool
 from .plan import EpochPlan, PlanSpec, num_batches, plan_epoch
@@ -144,7 +144,7 @@ class Loader:
             with env.begin() as txn:
                 rec = unpack_record(txn.get(encode_key(0)), where=f"{self.db.paths[0]} record 0")
         finally:
-            env.close()
+            close_env(env)
         sample = np.asarray(fn(decode_rgb(rec.image), batch_rng(self.seed, 0, self.rank, 0)))
         self._spec = ProducerSpec(mode="decode", transform=fn, sample_shape=sample.shape,
                                   sample_dtype=sample.dtype.name, **common)

@@ -235,15 +235,17 @@ class WorkerPool:
 
     @property
     def started(self) -> bool:
-        return bool(self._procs)
+        """Workers are running (not closed, also not by the exit-time finalizer)."""
+        return bool(self._procs) and self._finalizer is not None and self._finalizer.alive
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
     def start(self) -> None:
-        if self._procs:
+        if self.started:
             return
+        self.close()  # a pool closed by its finalizer or a dead worker starts afresh
         nbytes = max(1, self.spec.slot_nbytes())
         try:
             for w in range(self.num_workers):
@@ -275,8 +277,8 @@ class WorkerPool:
             if conn in ready or conn.poll():
                 try:
                     return conn.recv()
-                except EOFError:
-                    pass
+                except (EOFError, ConnectionResetError):  # the worker is gone: see below
+                    proc.join(1)
             if proc.sentinel in ready or not proc.is_alive():
                 proc.join(1)
                 self.close()
@@ -306,7 +308,7 @@ class WorkerPool:
         try:
             yield from self._collect(plan, first_batch)
         finally:
-            if self._active is not None and self._procs:  # closed early: break, error, GC
+            if self._active is not None and self.started:  # closed early: break, error, GC
                 try:
                     self._cancel()
                 except Exception:
@@ -331,13 +333,13 @@ class WorkerPool:
                 yield j, n, views, raw
             finally:
                 del views
-                if self._procs:
+                if self.started:
                     self._conns[w].send(("free", slot))
         self._active = None
 
     def _cancel(self) -> None:
         """Stop an unfinished epoch and wait until every worker has acknowledged."""
-        if self._active is None or not self._procs:
+        if self._active is None or not self.started:
             self._active = None
             return
         epoch, self._active = self._active, None

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import lmdb
 import numpy as np
 
-from .database import Database, open_env
+from .database import Database, close_env, open_env
 from .format import FormatError, encode_key
 
 __all__ = ["RangeReader"]
@@ -69,7 +69,7 @@ class _Shard:
 
     def close(self) -> None:
         self.txn.abort()
-        self.env.close()
+        close_env(self.env)
         os.close(self.fd)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .database import open_database, open_env
+from .database import close_env, open_database, open_env
 from .format import (EMPTY_CHECKSUM, FormatError, chain_checksum, decode_key, encode_key,
                      is_record_key, record_digest, unpack_record)
 from .images import decode_bgr
@@ -72,7 +72,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                     expect += 1
                     bar.update(1)
         finally:
-            env.close()
+            close_env(env)
         if expect != meta.num_records:
             res.problems.append(f"{p}: {expect} records found, metadata says {meta.num_records}")
         if checksum != meta.checksum:

@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import __version__
-from .database import open_env, read_meta
+from .database import close_env, open_env, read_meta
 from .format import (EMPTY_CHECKSUM, FORMAT_VERSION, META_KEY, FormatError, Meta, Record,
                      chain_checksum, encode_key, pack_meta, pack_record, record_digest, shard_path)
 from .images import prepare_image
@@ -329,7 +329,7 @@ def _existing(final: Path, fingerprint: str) -> ShardResult:
     except FormatError:
         meta = None
     finally:
-        env.close()
+        close_env(env)
     if meta is None or not meta.complete or meta.fingerprint != fingerprint:
         raise FileExistsError(f"{final} already exists and was not written by this command "
                               "(different sources, order or options); pass --overwrite to "

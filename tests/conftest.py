@@ -38,7 +38,7 @@ def lmdb_dir(synth_tree, tmp_path_factory) -> Path:
 
 def read_records(path) -> list:
     """All (global index, Record) of a database, via the public format helpers."""
-    from seqloader.database import open_database, open_env
+    from seqloader.database import close_env, open_database, open_env
     from seqloader.format import decode_key, encode_key, is_record_key, unpack_record
 
     db = open_database(path)
@@ -51,16 +51,16 @@ def read_records(path) -> list:
             for k, v in cur:
                 if is_record_key(k):
                     out.append((off + decode_key(k), unpack_record(v)))
-        env.close()
+        close_env(env)
     return out
 
 
 def raw_items(path) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of one LMDB file, metadata included."""
-    from seqloader.database import open_env
+    from seqloader.database import close_env, open_env
 
     env = open_env(path)
     with env.begin() as txn:
         items = list(txn.cursor())
-    env.close()
+    close_env(env)
     return items

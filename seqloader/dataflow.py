@@ -1,0 +1,248 @@
+"""Composable DataFlow stages, in the spirit of tensorpack's, with exact semantics.
+
+The protocol: ``__iter__`` yields one **finite** epoch and calling it again starts
+the next epoch; ``__len__`` is exact (or raises ``TypeError`` when unknowable);
+``reset_state()`` must be called once, in the process that iterates, before the
+first ``iter()`` (it opens files and builds generators: nothing fork-unsafe
+happens in constructors, so a stage can be built in a parent and sent to a
+worker).  Stages are not thread-safe and not reentrant: one iteration at a time.
+
+``Loader`` does not stack these stages at run time (it fuses the same steps into
+each worker, see :mod:`seqloader.producer`); they are for composing your own
+pipelines, with the names people know from tensorpack and the BayesWatch loader::
+
+    df = LMDBData("lmdb/ILSVRC-train.lmdb", shuffle=True)
+    df = LocallyShuffleData(df, 5000)
+    df = MapDataComponent(df, decode_rgb, 0)
+    df = MultiProcessMapData(df, 2, augment)
+    df = BatchData(df, 256)
+"""
+from __future__ import annotations
+
+import collections
+import math
+import multiprocessing as mp
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import msgpack
+import numpy as np
+
+from .database import open_database
+from .parallel import WorkerError
+from .plan import chunk_order, make_chunks, rank_bounds, slice_ranges
+from .reader import RangeReader
+from .shuffle import shuffled
+
+__all__ = ["DataFlow", "LMDBData", "LocallyShuffleData", "MapData", "MapDataComponent",
+           "BatchData", "MultiProcessMapData"]
+
+
+class DataFlow:
+    """Base class: see the module docstring for the contract."""
+
+    def __iter__(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} has no known length")
+
+    def reset_state(self) -> None:
+        """Prepare for iteration in this process (open files, seed generators)."""
+
+
+class ProxyDataFlow(DataFlow):
+    def __init__(self, df: DataFlow):
+        self.df = df
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def reset_state(self) -> None:
+        self.df.reset_state()
+
+
+class LMDBData(DataFlow):
+    """Sequential reader of a seqloader database (one file or a shard set).
+
+    Yields ``[image_bytes, label]`` per record.  Each epoch walks the file in
+    contiguous chunks of ``chunk_size`` records, in an order drawn from
+    (``seed``, epoch) when ``shuffle`` (file order otherwise); ``rank``/``world_size``
+    take disjoint slices (equal sizes when ``even``).  Reentrant: no.  Fork-safe:
+    before ``reset_state`` only.
+    """
+
+    def __init__(self, path: str | Path, split: str | None = None, *, shuffle: bool = False,
+                 chunk_size: int = 1024, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 even: bool = False, prefetch_bytes: int = 64 << 20):
+        self.db = open_database(path, split)
+        self.shuffle, self.chunk_size, self.seed = shuffle, chunk_size, seed
+        self.rank, self.world_size, self.even = rank, world_size, even
+        self.prefetch_bytes = prefetch_bytes
+        self.epoch = 0
+        self._reader: RangeReader | None = None
+
+    def _bounds(self) -> tuple[int, int]:
+        return rank_bounds(self.db.num_records, self.rank, self.world_size, even=self.even)
+
+    def __len__(self) -> int:
+        lo, hi = self._bounds()
+        return hi - lo
+
+    def reset_state(self) -> None:
+        if self._reader is None:
+            self._reader = RangeReader(self.db, prefetch_bytes=self.prefetch_bytes)
+
+    def __iter__(self) -> Iterator[list]:
+        if self._reader is None:
+            raise RuntimeError("call reset_state() in the iterating process before iterating")
+        chunks = make_chunks(self.db.shard_sizes, self.chunk_size)
+        order = chunk_order(len(chunks), seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        self.epoch += 1
+        lo, hi = self._bounds()
+        ranges = slice_ranges([(int(a), int(b)) for a, b in chunks[order]], lo, hi)
+        for _, value in self._reader.read(ranges):
+            rec = msgpack.unpackb(value, raw=False)
+            yield [rec["image"], rec["label"]]
+
+
+class LocallyShuffleData(ProxyDataFlow):
+    """Shuffle within a buffer of ``buffer_size`` datapoints (see NOTE [ local shuffle ]),
+    seeded from (``seed``, epoch).  Memory: ``buffer_size`` datapoints."""
+
+    def __init__(self, df: DataFlow, buffer_size: int, *, seed: int = 0, warmup: int | None = None):
+        super().__init__(df)
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+        self.buffer_size, self.seed, self.warmup = buffer_size, seed, warmup
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.epoch]))
+        self.epoch += 1
+        yield from shuffled(self.df, self.buffer_size, rng, warmup=self.warmup)
+
+
+class MapData(ProxyDataFlow):
+    """Apply ``fn`` to each datapoint.  ``fn`` must not return None (no filtering here:
+    lengths stay exact)."""
+
+    def __init__(self, df: DataFlow, fn: Callable[[Any], Any]):
+        super().__init__(df)
+        self.fn = fn
+
+    def __iter__(self) -> Iterator[Any]:
+        for i, dp in enumerate(self.df):
+            out = self.fn(dp)
+            if out is None:
+                raise ValueError(f"{self.fn!r} returned None for datapoint {i}; MapData keeps "
+                                 "lengths exact and does not filter")
+            yield out
+
+
+class MapDataComponent(MapData):
+    """Apply ``fn`` to component ``index`` of each (list) datapoint."""
+
+    def __init__(self, df: DataFlow, fn: Callable[[Any], Any], index: int = 0):
+        def apply(dp: Any) -> Any:
+            dp = list(dp)
+            dp[index] = fn(dp[index])
+            return dp
+        super().__init__(df, apply)
+        self.component_fn, self.index = fn, index
+
+
+def _stack(items: list) -> Any:
+    first = items[0]
+    if isinstance(first, np.ndarray):
+        return np.stack(items)
+    if isinstance(first, (int, float, np.number, bool)):
+        return np.asarray(items)
+    return list(items)
+
+
+class BatchData(ProxyDataFlow):
+    """Group ``batch_size`` datapoints; each component is stacked (arrays, numbers) or
+    listed (bytes, objects).  ``remainder=True`` keeps a last smaller batch."""
+
+    def __init__(self, df: DataFlow, batch_size: int, remainder: bool = False):
+        super().__init__(df)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size, self.remainder = batch_size, remainder
+
+    def __len__(self) -> int:
+        n = len(self.df)
+        return math.ceil(n / self.batch_size) if self.remainder else n // self.batch_size
+
+    def __iter__(self) -> Iterator[list]:
+        buf: list = []
+        for dp in self.df:
+            buf.append(dp)
+            if len(buf) == self.batch_size:
+                yield [_stack(list(c)) for c in zip(*buf)]
+                buf = []
+        if buf and self.remainder:
+            yield [_stack(list(c)) for c in zip(*buf)]
+
+
+def _init_map_worker() -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import cv2
+    cv2.setNumThreads(1)
+
+
+class MultiProcessMapData(ProxyDataFlow):
+    """Apply ``fn`` to each datapoint in ``num_proc`` processes, keeping the order.
+
+    Datapoints and results are pickled (use :class:`~seqloader.Loader` for the
+    shared-memory batch path).  At most ``buffer_size`` datapoints are in flight.
+    An exception in ``fn`` is raised here as :class:`WorkerError` naming the
+    datapoint, chained to the worker's traceback; a killed worker raises at once
+    (``BrokenProcessPool``), never hangs.  ``fn`` must be picklable for spawn.
+    Processes start in ``reset_state`` and stop in :meth:`close` (or at exit).
+    """
+
+    def __init__(self, df: DataFlow, num_proc: int, fn: Callable[[Any], Any], *,
+                 buffer_size: int = 64, start_method: str | None = None):
+        super().__init__(df)
+        if num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+        self.num_proc, self.fn, self.buffer_size = num_proc, fn, buffer_size
+        self.start_method = start_method
+        self._ex: ProcessPoolExecutor | None = None
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        if self._ex is None:
+            self._ex = ProcessPoolExecutor(self.num_proc, mp.get_context(self.start_method),
+                                           initializer=_init_map_worker)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._ex is None:
+            raise RuntimeError("call reset_state() before iterating")
+        pending: collections.deque[tuple[int, Future]] = collections.deque()
+
+        def result(i: int, f: Future) -> Any:
+            try:
+                return f.result()
+            except Exception as e:
+                raise WorkerError(f"MultiProcessMapData: {self.fn!r} failed on datapoint {i}: "
+                                  f"{type(e).__name__}: {e}") from e
+        try:
+            for i, dp in enumerate(self.df):
+                pending.append((i, self._ex.submit(self.fn, dp)))
+                if len(pending) >= self.buffer_size:
+                    yield result(*pending.popleft())
+            while pending:
+                yield result(*pending.popleft())
+        finally:
+            for _, f in pending:
+                f.cancel()
+
+    def close(self) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(wait=True, cancel_futures=True)
+            self._ex = None

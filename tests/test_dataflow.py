@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+
+from conftest import read_records
+from seqloader import (BatchData, LMDBData, LocallyShuffleData, MapData, MapDataComponent,
+                       MultiProcessMapData, WorkerError)
+
+
+def _label_plus_one(dp):
+    return [dp[0], dp[1] + 1]
+
+
+def _fail_on_three(dp):
+    if dp[1] == 3:
+        raise KeyError("three")
+    return dp
+
+
+def test_lmdbdata_reads_every_record_once_per_epoch(lmdb_dir):
+    recs = read_records(lmdb_dir / "ILSVRC-train.lmdb")
+    df = LMDBData(lmdb_dir, "train", shuffle=True, chunk_size=7, seed=1)
+    df.reset_state()
+    assert len(df) == len(recs)
+    e0 = [bytes(img) for img, _ in df]
+    e1 = [bytes(img) for img, _ in df]
+    want = sorted(r.image for _, r in recs)
+    assert sorted(e0) == sorted(e1) == want and e0 != e1
+    plain = LMDBData(lmdb_dir / "ILSVRC-train.lmdb")
+    plain.reset_state()
+    assert [label for _, label in plain] == [r.label for _, r in recs]
+
+
+def test_lmdbdata_ranks_are_disjoint(lmdb_dir):
+    parts = []
+    for r in range(3):
+        df = LMDBData(lmdb_dir, "train", rank=r, world_size=3, chunk_size=4, shuffle=True)
+        df.reset_state()
+        parts.append([bytes(i) for i, _ in df])
+        assert len(parts[-1]) == len(df)
+    flat = [x for p in parts for x in p]
+    assert len(flat) == len(set(flat)) == len(read_records(lmdb_dir / "ILSVRC-train.lmdb"))
+
+
+def test_lmdbdata_needs_reset_state(lmdb_dir):
+    with pytest.raises(RuntimeError, match="reset_state"):
+        next(iter(LMDBData(lmdb_dir, "train")))
+
+
+def test_composed_pipeline_with_exact_lengths(lmdb_dir):
+    n = len(read_records(lmdb_dir / "ILSVRC-train.lmdb"))
+    df = LMDBData(lmdb_dir, "train")
+    df = LocallyShuffleData(df, 10, seed=3)
+    df = MapDataComponent(df, len, 0)
+    df = MapData(df, _label_plus_one)
+    df = BatchData(df, 8, remainder=True)
+    df.reset_state()
+    batches = list(df)
+    assert len(batches) == len(df) == -(-n // 8)
+    sizes, labels = batches[0]
+    assert isinstance(sizes, np.ndarray) and sizes.shape == (8,) and labels.min() >= 1
+    no_rem = BatchData(LMDBData(lmdb_dir, "train"), 8)
+    no_rem.reset_state()
+    assert len(list(no_rem)) == len(no_rem) == n // 8
+
+
+def test_multiprocess_map_keeps_order_and_reports_errors(lmdb_dir):
+    base = LMDBData(lmdb_dir, "train")
+    df = MultiProcessMapData(base, 2, _label_plus_one)
+    df.reset_state()
+    plain = LMDBData(lmdb_dir, "train")
+    plain.reset_state()
+    assert [l for _, l in df] == [l + 1 for _, l in plain]
+    df.close()
+    bad = MultiProcessMapData(LMDBData(lmdb_dir, "train"), 2, _fail_on_three)
+    bad.reset_state()
+    with pytest.raises(WorkerError, match="failed on datapoint") as ei:
+        list(bad)
+    assert "three" in str(ei.value.__cause__)
+    bad.close()
+
+
+def test_mapdata_refuses_none():
+    from seqloader.dataflow import DataFlow
+
+    class Items(DataFlow):
+        def __iter__(self):
+            return iter([1, 2])
+
+        def __len__(self):
+            return 2
+
+    with pytest.raises(ValueError, match="does not filter"):
+        list(MapData(Items(), lambda x: None))

@@ -1,0 +1,162 @@
+"""Worker lifecycle with real processes: errors, deaths, breaks, leaks, start methods."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from seqloader import Loader
+from seqloader.parallel import WorkerDiedError, WorkerError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shm():
+    return set(os.listdir("/dev/shm"))
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_dead(pids, seconds=10):
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def test_raw_eval_yields_every_record_once_in_file_order(lmdb_dir):
+    from conftest import read_records
+    recs = read_records(lmdb_dir / "ILSVRC-train.lmdb")
+    loader = Loader(lmdb_dir, "train", None, batch_size=5, shuffle=False, num_workers=2)
+    got = [bytes(b) for raw, _ in loader for b in raw]
+    assert got == [r.image for _, r in recs]
+    assert len(loader) == -(-len(recs) // 5)
+    loader.close()
+
+
+def _bad_label(label):
+    if label == 2:
+        raise ValueError("label two is cursed")
+    return label
+
+
+def test_exception_in_worker_reaches_caller_with_traceback_and_record(lmdb_dir):
+    loader = Loader(lmdb_dir, "train", None, batch_size=4, num_workers=2,
+                    target_transform=_bad_label)
+    with pytest.raises(WorkerError) as ei:
+        for _ in loader:
+            pass
+    msg = str(ei.value)
+    assert "label two is cursed" in msg and "record " in msg and "Worker traceback" in msg
+    assert "_bad_label" in msg  # the worker's own frame
+    # the pool survives a record error: the next epoch runs (and fails again, same way)
+    with pytest.raises(WorkerError):
+        list(loader)
+    loader.close()
+
+
+def test_killed_worker_is_reported_quickly_not_a_hang(lmdb_dir):
+    loader = Loader(lmdb_dir, "train", None, batch_size=2, num_workers=2, cache=4)
+    it = iter(loader)
+    next(it)
+    pids = loader._pool.pids
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.time()
+    with pytest.raises(WorkerDiedError, match=rf"worker 1 \(pid {pids[1]}\) was killed by SIGKILL"):
+        for _ in it:
+            pass
+    assert time.time() - t0 < 5
+    assert not _wait_dead(pids)
+    # iterating again starts a fresh pool
+    assert sum(len(raw) for raw, _ in loader) > 0
+    loader.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_break_mid_epoch_leaves_nothing_behind(lmdb_dir, method):
+    shm0 = _shm()
+    fds = []
+    for _ in range(2):  # the 1st round may open multiprocessing's own helpers (forkserver)
+        loader = Loader(lmdb_dir, "train", None, batch_size=2, num_workers=2,
+                        start_method=method, shuffle=True, cache=8)
+        n = len(loader)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        pids = loader._pool.pids
+        assert _shm() == shm0  # buffer names are unlinked as soon as workers attach
+        # the next epoch after a break is complete and exact
+        assert sum(1 for _ in loader) == n
+        loader.close()
+        assert not _wait_dead(pids)
+        assert _shm() == shm0
+        fds.append(_fds())
+    assert fds[1] <= fds[0], "file descriptors leaked"
+
+
+def test_del_and_gc_stop_workers(lmdb_dir):
+    loader = Loader(lmdb_dir, "train", None, batch_size=2, num_workers=2)
+    next(iter(loader))
+    pids = loader._pool.pids
+    del loader
+    import gc
+    gc.collect()
+    assert not _wait_dead(pids)
+
+
+def test_non_persistent_workers_stop_after_each_epoch(lmdb_dir):
+    loader = Loader(lmdb_dir, "train", None, batch_size=4, num_workers=2, persistent_workers=False)
+    list(loader)
+    assert loader._pool is None
+    list(loader)
+    loader.close()
+
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    from seqloader import Loader
+    loader = Loader(sys.argv[1], "train", None, batch_size=1, num_workers=2, timeout=30)
+    it = iter(loader)
+    next(it)
+    print(" ".join(map(str, loader._pool.pids)), flush=True)
+    if sys.argv[2] == "int":
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in it:
+                time.sleep(0.01)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(3)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("how", ["kill", "int"])
+def test_parent_killed_or_interrupted_leaves_no_orphans(lmdb_dir, how):
+    shm0 = _shm()
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(lmdb_dir), how],
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    if how == "kill":
+        proc.kill()
+    else:
+        assert proc.stdout.readline().strip() == "interrupted"
+    proc.wait(30)
+    assert not _wait_dead(pids, 10), "orphaned workers"
+    assert _shm() == shm0
