@@ -13,6 +13,7 @@ from pathlib import Path
 import os
 
 import lmdb
+import numpy as np
 
 from .format import META_KEY, FormatError, Meta, find_database, unpack_meta
 
@@ -112,6 +113,10 @@ class Database:
     @property
     def split(self) -> str:
         return self.metas[0].split
+
+    def labels(self) -> "np.ndarray":
+        """Every record's label in global order (from the metadata; no data pass)."""
+        return np.concatenate([np.frombuffer(m.labels, "<i4") for m in self.metas]).astype(np.int64)
 
     @property
     def image_bytes(self) -> int:

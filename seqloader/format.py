@@ -130,7 +130,8 @@ class Meta:
     ``num_records`` counts the records in *this* file (a shard's global offset is the
     sum of the earlier shards' counts, so shards can be written independently).
     ``checksum`` is :func:`chain_checksum` over this file's records, in key order.
-    ``bad_files`` lists ``[path, reason]`` of skipped sources.  ``fingerprint``
+    ``bad_files`` lists ``[path, reason]`` of skipped sources; ``labels`` holds every
+    record's label (int32 little-endian) so label statistics need no data pass.  ``fingerprint``
     identifies the writer's plan (sources, order, options): a resumed write must
     match it, and shards of one split share it.
     """
@@ -148,6 +149,7 @@ class Meta:
     seed: int | None = None
     created: str = ""
     writer: dict[str, Any] = field(default_factory=dict)
+    labels: bytes = b""  # int32 little-endian, one per record; written on completion
     # writer progress (meaningful while complete is False)
     next_source: int = 0
     bad_files: list[list[str]] = field(default_factory=list)

@@ -182,6 +182,14 @@ class _ShardWriter:
                                    rel if self.opt.store_paths else None, p.reencoded))
         return pos, value, record_digest(value)
 
+    def _labels(self, start: int, stop: int, meta: Meta) -> bytes:
+        """The labels of the stored records, in record order (int32 little-endian)."""
+        bad = {p for p, _ in meta.bad_files}
+        idx = [int(i) for i in self.order[start:stop] if self.scan.paths[int(i)] not in bad]
+        if len(idx) != meta.num_records:  # pragma: no cover - invariant
+            raise AssertionError(f"{len(idx)} labels for {meta.num_records} records")
+        return self.scan.labels[idx].astype("<i4").tobytes()
+
     def _commit(self, env: lmdb.Environment, pending: list[tuple[bytes, bytes]], meta: Meta) -> None:
         while True:
             try:
@@ -210,6 +218,7 @@ class _ShardWriter:
             self._write_records(env, meta, start, stop)
             meta.complete = True
             meta.next_source = stop - start
+            meta.labels = self._labels(start, stop, meta)
             self._commit(env, [], meta)
             env.sync(True)
         except BaseException:

@@ -1,0 +1,101 @@
+"""Shuffle quality of an epoch order, computed from the plan alone (no data is read).
+
+Two figures, both 1.0/0.0 for an ideal per-epoch uniform permutation:
+* ``distinct_ratio``: mean number of distinct labels per batch, divided by its
+  expectation under a uniform shuffle (``sum_c 1 - C(N - n_c, B) / C(N, B)``).
+  A class-sorted order read without shuffling scores ~1/B of that.
+* ``epoch_correlation``: Spearman correlation between the positions of the records
+  in two consecutive epochs (how much of one epoch's order repeats in the next).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .plan import PlanSpec, plan_epoch
+from .producer import _PositionMap, worker_rng
+from .shuffle import ShuffleBuffer
+
+__all__ = ["epoch_order", "expected_distinct", "distinct_ratio", "epoch_correlation",
+           "ShuffleQuality", "shuffle_quality"]
+
+
+def epoch_order(spec: PlanSpec, epoch: int, *, cache: int, warmup: int | None = None) -> np.ndarray:
+    """Global record indices in the order the Loader yields them for ``spec.rank``.
+
+    Mirrors :class:`~seqloader.producer.Producer` (same plan, same generators); ``cache``
+    is the per-worker buffer (``Loader``'s ``cache // num_workers``), and ``warmup``
+    defaults like the Loader's.
+    """
+    plan = plan_epoch(spec, epoch)
+    warmup = min(cache, spec.batch_size) if warmup is None else warmup
+    per_worker = []
+    for w, ranges in enumerate(plan.streams):
+        pos = _PositionMap(ranges)
+        n = sum(b - a for a, b in ranges)
+        if spec.shuffle:
+            buf: ShuffleBuffer[int] = ShuffleBuffer(cache, worker_rng(spec.seed, epoch, spec.rank, w),
+                                                    warmup=warmup)
+            out = [o for p in range(n) for o in buf.push(p)]
+            out.extend(buf.drain())
+        else:
+            out = list(range(n))
+        per_worker.append(iter([pos(p) for p in out]))
+    order = []
+    for j, size in enumerate(plan.batch_sizes):
+        w, _ = plan.worker_of(j)
+        order.extend(next(per_worker[w]) for _ in range(size))
+    return np.asarray(order, np.int64)
+
+
+def expected_distinct(labels: np.ndarray, batch_size: int) -> float:
+    """Expected distinct labels in a batch drawn uniformly without replacement."""
+    counts = np.bincount(labels)
+    counts = counts[counts > 0]
+    n = len(labels)
+    # P(class absent) = prod_{i<B} (N - n_c - i) / (N - i), computed in logs
+    i = np.arange(min(batch_size, n))
+    logp = np.array([np.sum(np.log(np.clip(n - c - i, 0, None) / (n - i) + 1e-300)) for c in counts])
+    return float(np.sum(1 - np.exp(logp)))
+
+
+def distinct_ratio(labels: np.ndarray, order: np.ndarray, batch_size: int) -> float:
+    """Mean distinct labels per full batch of ``order``, relative to :func:`expected_distinct`."""
+    full = len(order) // batch_size * batch_size
+    if full == 0:
+        raise ValueError(f"an order of {len(order)} records has no full batch of {batch_size}")
+    per_batch = labels[order[:full]].reshape(-1, batch_size)
+    distinct = np.mean([len(np.unique(b)) for b in per_batch])
+    return float(distinct / expected_distinct(labels, batch_size))
+
+
+def epoch_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman correlation of the positions of the records two orders share."""
+    common = np.intersect1d(a, b)
+    if len(common) < 3:
+        return 0.0
+    pa = np.empty(max(a.max(), b.max()) + 1, np.int64)
+    pb = pa.copy()
+    pa[a], pb[b] = np.arange(len(a)), np.arange(len(b))
+    x, y = pa[common].argsort().argsort(), pb[common].argsort().argsort()
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+@dataclass
+class ShuffleQuality:
+    distinct_ratio: float
+    epoch_correlation: float
+    batch_size: int
+    cache: int
+    chunk_size: int
+
+
+def shuffle_quality(labels: np.ndarray, spec: PlanSpec, *, cache: int, epochs: Sequence[int] = (0, 1)
+                    ) -> ShuffleQuality:
+    """Both figures for the Loader configured by ``spec`` and a per-worker ``cache``."""
+    orders = [epoch_order(spec, e, cache=cache) for e in epochs]
+    ratio = float(np.mean([distinct_ratio(labels, o, spec.batch_size) for o in orders]))
+    corr = float(np.mean([epoch_correlation(x, y) for x, y in zip(orders, orders[1:])]))
+    return ShuffleQuality(ratio, corr, spec.batch_size, cache, spec.chunk_size)

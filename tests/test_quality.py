@@ -1,0 +1,43 @@
+import numpy as np
+
+from seqloader import Loader, open_database
+from seqloader.plan import PlanSpec
+from seqloader.quality import (distinct_ratio, epoch_correlation, epoch_order,
+                               expected_distinct, shuffle_quality)
+
+
+def test_epoch_order_is_what_the_loader_yields(lmdb_dir):
+    db = open_database(lmdb_dir, "train")
+    index_of = {}
+    from conftest import read_records
+    for i, r in read_records(lmdb_dir / "ILSVRC-train.lmdb"):
+        index_of[r.image] = i
+    for nw in (0, 2):
+        loader = Loader(lmdb_dir, "train", None, batch_size=4, shuffle=True, num_workers=nw,
+                        cache=6, chunk_size=5, seed=9)
+        for epoch in range(2):
+            got = [index_of[bytes(b)] for raw, _ in loader for b in raw]
+            want = epoch_order(loader.plan_spec, epoch, cache=6 // max(1, nw))
+            assert got == want.tolist()
+        loader.close()
+    assert len(db.labels()) == db.num_records
+
+
+def test_metrics_on_known_orders():
+    labels = np.repeat(np.arange(10), 100)  # class-sorted
+    assert abs(expected_distinct(labels, 1) - 1) < 1e-9
+    sorted_order = np.arange(1000)
+    assert distinct_ratio(labels, sorted_order, 50) < 0.2
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(1000)
+    assert 0.95 < distinct_ratio(labels, perm, 50) < 1.05
+    assert epoch_correlation(sorted_order, sorted_order) > 0.999
+    assert abs(epoch_correlation(perm, rng.permutation(1000))) < 0.1
+
+
+def test_local_shuffle_of_sorted_data_depends_on_buffer():
+    labels = np.repeat(np.arange(20), 500)
+    small = shuffle_quality(labels, PlanSpec((10000,), 64, 100, num_workers=2), cache=50)
+    big = shuffle_quality(labels, PlanSpec((10000,), 64, 100, num_workers=2), cache=2000)
+    assert small.distinct_ratio < big.distinct_ratio
+    assert big.epoch_correlation < 0.5
