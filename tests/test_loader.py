@@ -1,0 +1,150 @@
+"""Loader semantics with real worker processes: len, coverage, drop_last, epochs, resume."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import read_records
+from seqloader import Loader, open_database
+from seqloader.format import shard_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _mean_color(img, rng=None):
+    """A user transform: a fixed-size array from any image (not a seqloader transform)."""
+    return np.asarray(img, np.float32).mean(axis=(0, 1))
+
+
+def _ids(loader):
+    """Per epoch: batches as lists of record fingerprints (raw mode)."""
+    return [[bytes(b[:64]) + bytes(b[-64:]) for b in raw] for raw, _ in loader]
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_len_equals_batches_yielded_and_coverage(lmdb_dir, nw, drop_last, shuffle):
+    n = open_database(lmdb_dir, "train").num_records
+    B = 5
+    loader = Loader(lmdb_dir, "train", None, batch_size=B, shuffle=shuffle, num_workers=nw,
+                    drop_last=drop_last, cache=7)
+    batches = _ids(loader)
+    assert len(batches) == len(loader) == (n // B if drop_last else -(-n // B))
+    sizes = [len(b) for b in batches]
+    assert all(s == B for s in sizes[:-1]) and (sizes[-1] == B or not drop_last)
+    flat = [x for b in batches for x in b]
+    assert len(set(flat)) == len(flat)
+    if not drop_last:
+        assert len(flat) == n
+    if not shuffle:
+        want = [r.image for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")]
+        assert flat == [w[:64] + w[-64:] for w in want][:len(flat)]
+    loader.close()
+
+
+def test_each_for_is_a_new_epoch_and_seed_reproduces(lmdb_dir):
+    a = Loader(lmdb_dir, "train", None, batch_size=4, shuffle=True, num_workers=2, seed=1, cache=8)
+    e0, e1 = _ids(a), _ids(a)
+    assert e0 != e1 and sorted(sum(e0, [])) == sorted(sum(e1, []))
+    a.set_epoch(0)
+    assert _ids(a) == e0
+    b = Loader(lmdb_dir, "train", None, batch_size=4, shuffle=True, num_workers=2, seed=1, cache=8)
+    assert _ids(b) == e0
+    a.close(), b.close()
+
+
+def test_user_transform_batches_and_labels(lmdb_dir):
+    recs = read_records(lmdb_dir / "ILSVRC-val.lmdb")
+    loader = Loader(lmdb_dir, "val", _mean_color, batch_size=4, num_workers=2,
+                    target_transform=lambda y: y * 10)
+    out = list(loader)
+    images = torch.cat([x for x, _ in out])
+    labels = torch.cat([y for _, y in out])
+    assert images.dtype == torch.float32 and images.shape == (len(recs), 3)
+    assert labels.dtype == torch.int64 and labels.tolist() == [r.label * 10 for _, r in recs]
+    loader.close()
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_resume_mid_epoch_continues_exactly(lmdb_dir, nw):
+    kw = dict(batch_size=3, shuffle=True, num_workers=nw, seed=5, cache=9, chunk_size=4)
+    ref = Loader(lmdb_dir, "train", None, **kw)
+    full = [_ids(ref) for _ in range(2)]
+    ref.close()
+    run = Loader(lmdb_dir, "train", None, **kw)
+    list(run)  # epoch 0
+    it = iter(run)  # epoch 1: consume 4 batches, checkpoint
+    seen = [[bytes(b[:64]) + bytes(b[-64:]) for b in next(it)[0]] for _ in range(4)]
+    state = run.state_dict()
+    assert (state["epoch"], state["position"]) == (1, 4)
+    run.close()
+    resumed = Loader(lmdb_dir, "train", None, **kw)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)  # the usual loop calls this; it keeps the resume position
+    rest = _ids(resumed)
+    assert seen + rest == full[1]
+    assert resumed.state_dict()["epoch"] == 2 and resumed.state_dict()["position"] == 0
+    resumed.close()
+    bad = Loader(lmdb_dir, "train", None, **{**kw, "batch_size": 4})
+    with pytest.raises(ValueError, match="batch_size"):
+        bad.load_state_dict(state)
+
+
+def test_direct_path_and_shards(synth_tree, tmp_path):
+    import warnings
+    from seqloader import WriteOptions, preprocess
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preprocess(synth_tree.root, tmp_path, splits=["train"],
+                   options=WriteOptions(shards=3, progress=False))
+    n = open_database(tmp_path, "train").num_records
+    for where in (tmp_path, shard_path(tmp_path / "ILSVRC-train.lmdb", 1, 3)):
+        loader = Loader(where, "train", None, batch_size=4, shuffle=True, num_workers=2)
+        assert sum(len(r) for r, _ in loader) == n
+        loader.close()
+    with pytest.raises(FileNotFoundError, match="ILSVRC-val"):
+        Loader(tmp_path, "val", None)
+
+
+DDP = r"""
+import os, sys, torch, torch.distributed as dist
+from seqloader import Loader
+rank = int(sys.argv[1]); path = sys.argv[2]; shuffle = sys.argv[3] == "1"
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[4]}", rank=rank, world_size=2)
+loader = Loader(path, "train", None, batch_size=3, shuffle=shuffle, num_workers=2, cache=6)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+ids = []
+for raw, labels in loader:
+    loss = model(labels.float()[:, None]).sum()
+    loss.backward()  # a collective per batch: unequal batch counts would hang here
+    ids.extend(bytes(b[:64]) + bytes(b[-64:]) for b in raw)
+print(len(loader), flush=True)
+print(" ".join(i.hex() for i in ids), flush=True)
+loader.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    init = tmp_path / "init"
+    procs = [subprocess.Popen([sys.executable, "-c", DDP, str(r), str(lmdb_dir), str(int(shuffle)),
+                               str(init)], stdout=subprocess.PIPE, text=True, env=env)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0].splitlines() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    lens = [int(o[0]) for o in outs]
+    ids = [o[1].split() if len(o) > 1 else [] for o in outs]
+    assert not set(ids[0]) & set(ids[1])
+    n = open_database(lmdb_dir, "train").num_records
+    if shuffle:
+        assert lens[0] == lens[1]
+        assert n - 1 <= len(ids[0]) + len(ids[1]) <= n
+    else:  # evaluation: every record once overall
+        assert len(ids[0]) + len(ids[1]) == n
