@@ -27,22 +27,20 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
         warnings.simplefilter("ignore", UserWarning)  # the 2 bad files are reported below
         reports = preprocess(src, out, options=WriteOptions(progress=progress))
     for r in reports:
-        print(f"      {r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB, "
-              f"{len(r.bad_files)} bad file(s) skipped (listed in {r.shards[0].path}.bad-files.tsv)")
+        bad = (f"; {len(r.bad_files)} broken file(s) skipped, listed in "
+               f"{r.shards[0].path}.bad-files.tsv" if r.bad_files else "")
+        print(f"      {r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB{bad}")
     print("[3/4] verify")
     for split in ("train", "val"):
         res = verify_database(out, split, progress=progress)
         print(f"      {split}: {res.num_records} records {'OK' if res.ok else 'FAILED'}")
         if not res.ok:
             return 1
-    print("[4/4] load")
     db = open_database(out, "train")
-    try:
-        from .loader import Loader
-        from . import transforms as T
-    except ImportError:  # the loader is not part of this build yet
-        print(f"      {db.num_records} train records ready in {db.paths[0]}")
-        return 0
+    print(f"[4/4] load {db.num_records} records with the ImageNet training transform, 2 workers")
+    from . import transforms as T
+    from .loader import Loader
+
     tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
     loader = Loader(out, "train", tf, batch_size=64, shuffle=True, num_workers=2)

@@ -19,7 +19,6 @@ import bisect
 import os
 from typing import Iterator, Sequence
 
-import lmdb
 import numpy as np
 
 from .database import Database, close_env, open_env
