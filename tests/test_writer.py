@@ -15,7 +15,6 @@ from conftest import raw_items, read_records
 from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
                        scan_class_tree, write_split)
 from seqloader.cli import main as cli
-from seqloader.database import open_env, read_meta
 from seqloader.format import IncompleteError, META_KEY, encode_key, shard_path
 from seqloader.images import decode_bgr
 
