@@ -1,7 +1,8 @@
 """``Loader``: the drop-in replacement for ``torch.utils.data.DataLoader``.
 
-Wires the pure epoch plan (:mod:`seqloader.plan`), the per-worker producer
-(:mod:`seqloader.producer`) and the process pool (:mod:`seqloader.parallel`).
+Wires the pure epoch plan (:mod:`seqloader.plan`), the rank's reader
+(:mod:`seqloader.feeder`), the decoder (:mod:`seqloader.producer`) and the process
+pool (:mod:`seqloader.parallel`).
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch
 
 from .database import Database, close_env, open_database, open_env
 from .format import unpack_record, encode_key
+from .feeder import Feeder
 from .parallel import WorkerPool
 from .plan import EpochPlan, PlanSpec, num_batches, plan_epoch
-from .producer import Producer, ProducerSpec, batch_rng, batch_views
+from .producer import ProducerSpec, batch_rng, decode_batch
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -32,13 +34,6 @@ def _dist_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
-
-
-def _find_normalize(transform: Any) -> tuple[list[float], list[float]] | None:
-    for t in getattr(transform, "transforms", [transform]):
-        if type(t).__name__ == "Normalize":
-            return list(t.mean), list(t.std)
-    return None
 
 
 class Loader:
@@ -102,7 +97,7 @@ class Loader:
         self._spec: ProducerSpec | None = None
         self._device_normalize = None
         self._pool: WorkerPool | None = None
-        self._local: Producer | None = None
+        self._feeder: Feeder | None = None
         self._next_epoch = 0     # epoch of the next iteration
         self._resume = 0         # its first batch (> 0 after load_state_dict)
         self._cur_epoch: int | None = None  # epoch of the current/last iteration
@@ -114,16 +109,14 @@ class Loader:
     def _producer_spec(self) -> ProducerSpec:
         if self._spec is not None:
             return self._spec
-        W = max(1, self.num_workers)
-        per_worker = max(1, self.cache // W)
-        warmup = self.warmup if self.warmup is not None else min(per_worker, self.batch_size)
+        warmup = self.warmup if self.warmup is not None else min(self.cache, self.batch_size)
         common = dict(db=self.db, seed=self.seed, rank=self.rank, shuffle=self.shuffle,
-                      cache=per_worker, warmup=warmup, batch_size=self.batch_size,
+                      cache=self.cache, warmup=warmup, batch_size=self.batch_size,
                       target_transform=self.target_transform, prefetch_bytes=self.prefetch_bytes)
         if self.transform is None:
             self._spec = ProducerSpec(mode="raw", sample_shape=(0,), sample_dtype="uint8", **common)
             return self._spec
-        from .transforms import DeviceNormalize, adapt, compile_fused, decode_rgb
+        from .transforms import adapt, compile_fused, decode_rgb
 
         fused = compile_fused(self.transform, output=self.output)
         if self.output == "uint8":
@@ -131,9 +124,7 @@ class Loader:
                 raise ValueError("output='uint8' needs a standard seqloader recipe (RandomResizedCrop "
                                  "or Resize+CenterCrop, optional flip, ToTensor, Normalize) to move "
                                  "normalisation to the device; use output='float' for this transform")
-            norm = _find_normalize(self.transform)
-            if norm is not None:
-                self._device_normalize = DeviceNormalize(*norm)
+            self._device_normalize = fused.device_normalize()
         if fused is not None:
             self._spec = ProducerSpec(mode="decode", fused=fused, sample_shape=tuple(fused.out_shape),
                                       sample_dtype=np.dtype(fused.out_dtype).name, **common)
@@ -185,10 +176,14 @@ class Loader:
     def _iterate(self, epoch: int, first: int) -> Iterator[tuple[Any, torch.Tensor]]:
         plan = plan_epoch(self.plan_spec, epoch)
         spec = self._producer_spec()
+        if self._feeder is None:
+            self._feeder = Feeder(self.db, seed=spec.seed, rank=spec.rank, shuffle=spec.shuffle,
+                                  cache=spec.cache, warmup=spec.warmup,
+                                  prefetch_bytes=spec.prefetch_bytes)
         try:
-            for j, n, views, raw in self._batches(spec, plan, first):
-                batch = self._materialize(spec, n, views, raw)
-                del views
+            for j, n, (labels, samples), raw in self._batches(spec, plan, first):
+                batch = self._materialize(spec, labels, samples, raw)
+                del labels, samples
                 self._position = j + 1
                 yield batch
             self._cur_done = True
@@ -198,26 +193,28 @@ class Loader:
                 self._stop_workers()
 
     def _batches(self, spec: ProducerSpec, plan: EpochPlan, first: int):
-        if self.num_workers == 0:
+        if spec.mode == "raw" or self.num_workers == 0:
             yield from self._in_process(spec, plan, first)
             return
         if self._pool is None:
             self._pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
                                     start_method=self.start_method, timeout=self.timeout)
-        yield from self._pool.epoch(plan, first)
+        for j, n, views in self._pool.epoch(plan, self._feeder, first):
+            yield j, n, views, None
 
     def _in_process(self, spec: ProducerSpec, plan: EpochPlan, first: int):
-        if self._local is None:
-            self._local = Producer(spec, 0)
-        buf = bytearray(spec.slot_nbytes())
-        for k, n, fill in self._local.epoch(plan.epoch, plan.streams[0], plan.worker_batches[0],
-                                            first, lambda k: k):
-            views = batch_views(buf, spec, n)
-            raw = fill(views)
-            yield k, n, views, raw
+        """Raw mode (nothing to decode: no workers) and ``num_workers=0``."""
+        B = spec.batch_size
+        labels = np.empty(B, np.int64)
+        samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
+        for j, recs in self._feeder.batches(plan, first):
+            n = len(recs)
+            raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], labels[:n],
+                               samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
+            yield j, n, (labels[:n], samples[:n]), raw
 
-    def _materialize(self, spec: ProducerSpec, n: int, views: tuple, raw: list[bytes] | None):
-        images_v, labels_v = views
+    def _materialize(self, spec: ProducerSpec, labels_v: np.ndarray, images_v: np.ndarray,
+                     raw: list[bytes] | None):
         labels = torch.from_numpy(labels_v.copy())
         if raw is not None:
             return raw, labels
@@ -268,9 +265,9 @@ class Loader:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        if self._feeder is not None:
+            self._feeder.close()
+            self._feeder = None
 
     def close(self) -> None:
         """End any iteration and stop the workers.  Idempotent; iterating again restarts them."""

@@ -2,26 +2,28 @@
 plan order, shut everything down.
 
 NOTE [ worker lifecycle ]
-* Start: the parent creates ``prefetch`` shared-memory batch buffers per worker,
-  starts daemonic workers (fork, spawn or forkserver) and waits for each to attach
-  its buffers and report ready; then it *unlinks* every buffer name, so nothing is
-  left in ``/dev/shm`` whatever happens later (the mappings stay valid).  Workers
-  ignore SIGINT (Ctrl-C is the parent's to handle), die with the parent
+* Start: the parent creates ``num_workers * prefetch`` shared-memory batch
+  buffers, starts daemonic workers (fork, spawn or forkserver) and waits for each
+  to attach them and report ready; then it *unlinks* every buffer name, so nothing
+  is left in ``/dev/shm`` whatever happens later (the mappings stay valid).
+  Workers ignore SIGINT (Ctrl-C is the parent's to handle), die with the parent
   (``PR_SET_PDEATHSIG`` plus a parent liveness check every second) and run
   single-threaded OpenCV/torch.
-* Epoch: one duplex pipe per worker.  The parent sends ``epoch`` (the worker's
-  stream and batch sizes); the worker fills a free buffer per batch and sends
-  ``batch``; the parent takes batch ``j`` from worker ``j % W`` (plan order), lets
-  the caller copy it out, and sends ``free``.  Only small messages cross the pipe;
-  pixels stay in shared memory.  (Raw encoded bytes, ``transform=None``, travel
-  through the pipe: they are what a batch *is* in that mode.)
+* Epoch: a reader thread in the parent (:class:`~seqloader.feeder.Feeder`, see
+  NOTE [ one reader per rank ]) takes a free buffer per batch, copies the batch's
+  encoded records into it and sends ``batch`` to worker ``j % W`` over its pipe;
+  the worker decodes into the same buffer and answers ``done``; the parent takes
+  the answers in plan order, lets the caller copy the batch out and frees the
+  buffer.  Only small messages cross the pipes; bytes and pixels stay in shared
+  memory (a batch too large for its buffer's input region goes by pipe).
 * Every wait is a 1-second poll of the pipe *and* the process sentinel: a dead
   worker is reported by name, pid and signal within a second, never a hang;
   ``timeout`` bounds how long one batch may take.
 * Errors: a worker that fails on a record sends the message and its traceback;
   the parent cancels the epoch and raises :class:`WorkerError` with both.
-* Break/``close``/GC: an unfinished epoch is cancelled (workers acknowledge and
-  reclaim their buffers), so the next epoch starts clean.  ``close`` sends
+* Break/``close``/GC: an unfinished epoch is cancelled: the reader thread stops,
+  a shared generation counter makes workers skip queued batches, and each worker
+  acknowledges, so the next epoch starts clean.  ``close`` sends
   ``stop``, joins, then terminates and kills stragglers; a ``weakref.finalize``
   does the same at garbage collection and interpreter exit.
 """
@@ -29,15 +31,22 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
+import sys
+import threading
 import time
+import traceback
 import weakref
 from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Iterator
 
+import numpy as np
+
+from .feeder import Feeder
 from .plan import EpochPlan
-from .producer import Producer, ProducerSpec, RecordError, batch_views
+from .producer import ProducerSpec, RecordError, batch_rng, decode_batch, slot_views
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 
@@ -82,97 +91,59 @@ def _prepare_process(main_pid: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import cv2
     cv2.setNumThreads(1)
-    import sys
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
 
-class _Inbox:
-    """Blocking receive with a parent liveness check."""
-
-    def __init__(self, conn: Connection, main_pid: int):
-        self.conn, self.main_pid = conn, main_pid
-
-    def get(self, block: bool = True) -> Any:
-        while True:
-            if self.conn.poll(_POLL if block else 0):
-                return self.conn.recv()
-            if not block:
-                return None
-            try:
-                os.kill(self.main_pid, 0)
-            except ProcessLookupError:
-                raise _Stop from None
+def _get(conn: Connection, main_pid: int) -> Any:
+    """Blocking receive with a parent liveness check every second."""
+    while not conn.poll(_POLL):
+        try:
+            os.kill(main_pid, 0)
+        except ProcessLookupError:
+            raise _Stop from None
+    return conn.recv()
 
 
 def _worker_main(spec: ProducerSpec, worker: int, conn: Connection, names: list[str],
-                 main_pid: int) -> None:
+                 generation: Any, main_pid: int) -> None:
     _prepare_process(main_pid)
     shms = [SharedMemory(name) for name in names]
-    producer = Producer(spec, worker)
-    inbox = _Inbox(conn, main_pid)
     conn.send(("ready", os.getpid()))
-    free = list(range(len(shms)))
     try:
         while True:
-            msg = inbox.get()
+            msg = _get(conn, main_pid)
             if msg[0] == "stop":
                 return
-            if msg[0] == "free":
-                free.append(msg[1])
-            elif msg[0] == "cancel":
-                free[:] = range(len(shms))
+            if msg[0] == "cancel":
                 conn.send(("cancelled", msg[1]))
-            elif msg[0] == "epoch":
-                _run_epoch(producer, spec, worker, conn, inbox, shms, free, *msg[1:])
+                continue
+            _, gen, epoch, j, slot, n, offsets, indices, inline = msg
+            if gen != generation.value:  # the epoch was cancelled: skip queued work fast
+                continue
+            conn.send(_decode(spec, shms[slot].buf, epoch, j, slot, n, offsets, indices, inline))
     except (_Stop, EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     finally:
-        producer.close()
         for shm in shms:
             shm.close()
 
 
-def _run_epoch(producer: Producer, spec: ProducerSpec, worker: int, conn: Connection,
-               inbox: _Inbox, shms: list[SharedMemory], free: list[int], epoch: int,
-               ranges: list, sizes: list, first: int, num_workers: int) -> None:
-    def handle(msg: Any) -> bool:
-        """Apply a message received mid-epoch; True if the epoch is cancelled."""
-        if msg[0] == "free":
-            free.append(msg[1])
-            return False
-        if msg[0] == "cancel":
-            free[:] = range(len(shms))
-            conn.send(("cancelled", msg[1]))
-            return True
-        if msg[0] == "stop":
-            raise _Stop
-        raise AssertionError(f"unexpected message {msg[0]!r} during an epoch")
-
-    batches = producer.epoch(epoch, ranges, sizes, first, lambda k: k * num_workers + worker)
-    k = first
+def _decode(spec: ProducerSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
+            offsets: list[int], indices: list[int], inline: list[bytes] | None) -> tuple:
+    labels, samples, inp = slot_views(buf, spec, n)
     try:
-        for k, n, fill in batches:
-            while not free:
-                if handle(inbox.get()):
-                    return
-            while (msg := inbox.get(block=False)) is not None:
-                if handle(msg):
-                    return
-            slot = free.pop(0)
-            images, labels = batch_views(shms[slot].buf, spec, n)
-            try:
-                raw = fill((images, labels))
-            finally:
-                del images, labels
-            conn.send(("batch", epoch, k, slot, n, raw))
+        values = inline if inline is not None else [
+            inp[offsets[i]:offsets[i + 1]].data for i in range(n)]
+        decode_batch(spec, values, indices, labels, samples,
+                     batch_rng(spec.seed, epoch, spec.rank, j))
+        return ("done", epoch, j, slot)
     except RecordError as e:
-        conn.send(("error", epoch, k, str(e), e.tb))
-    except _Stop:
-        raise
-    except Exception as e:  # I/O or format errors outside a record
-        import traceback
-        conn.send(("error", epoch, k, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        return ("error", epoch, j, slot, str(e), e.tb)
+    except Exception as e:  # pragma: no cover - decode_batch wraps per-record errors
+        return ("error", epoch, j, slot, f"{type(e).__name__}: {e}", traceback.format_exc())
+    finally:
+        del labels, samples, inp
 
 
 # ------------------------------------------------------------------ parent side
@@ -206,8 +177,52 @@ def _shutdown(procs: list, conns: list[Connection], shms: list[SharedMemory]) ->
             pass
 
 
+class _ReaderThread(threading.Thread):
+    """Feeds batches of encoded records into free buffers and hands them to workers."""
+
+    def __init__(self, pool: "WorkerPool", feeder: Feeder, plan: EpochPlan, first: int,
+                 free: "queue.Queue[int]"):
+        super().__init__(name="seqloader-reader", daemon=True)
+        self.pool, self.feeder, self.plan, self.first, self.free = pool, feeder, plan, first, free
+        self.stop = threading.Event()
+        self.error: tuple[BaseException, str] | None = None
+
+    def _slot(self) -> int | None:
+        while not self.stop.is_set():
+            try:
+                return self.free.get(timeout=0.2)
+            except queue.Empty:
+                pass
+        return None
+
+    def run(self) -> None:
+        pool, spec = self.pool, self.pool.spec
+        gen = pool._generation.value
+        try:
+            for j, recs in self.feeder.batches(self.plan, self.first):
+                slot = self._slot()
+                if slot is None:
+                    return
+                _, _, inp = slot_views(pool._shms[slot].buf, spec, 0)
+                offsets, inline = [0], None
+                total = sum(len(v) for _, v in recs)
+                if total <= len(inp):
+                    for _, v in recs:
+                        inp[offsets[-1]:offsets[-1] + len(v)] = np.frombuffer(v, np.uint8)
+                        offsets.append(offsets[-1] + len(v))
+                else:
+                    inline = [bytes(v) for _, v in recs]
+                del inp
+                w = self.plan.worker_of(j)
+                with pool._locks[w]:
+                    pool._conns[w].send(("batch", gen, self.plan.epoch, j, slot, len(recs),
+                                         offsets, [i for i, _ in recs], inline))
+        except BaseException as e:  # reported by the consumer, with this traceback
+            self.error = (e, traceback.format_exc())
+
+
 class WorkerPool:
-    """``num_workers`` processes producing batches for :meth:`epoch`.
+    """``num_workers`` decode processes fed by a reader thread, yielding batches in plan order.
 
     Created in the parent; processes start on first use and persist across epochs
     until :meth:`close`.  Not thread-safe, not reentrant: one epoch at a time (a new
@@ -229,8 +244,11 @@ class WorkerPool:
         self.timeout, self.start_timeout = timeout, start_timeout
         self._procs: list = []
         self._conns: list[Connection] = []
+        self._locks: list[threading.Lock] = []
         self._shms: list[SharedMemory] = []
+        self._generation: Any = None
         self._finalizer: weakref.finalize | None = None
+        self._reader: _ReaderThread | None = None
         self._active: int | None = None  # epoch with batches possibly in flight
 
     @property
@@ -246,18 +264,20 @@ class WorkerPool:
         if self.started:
             return
         self.close()  # a pool closed by its finalizer or a dead worker starts afresh
-        nbytes = max(1, self.spec.slot_nbytes())
         try:
+            self._shms = [SharedMemory(create=True, size=self.spec.slot_nbytes)
+                          for _ in range(self.num_workers * self.prefetch)]
+            self._generation = self.ctx.RawValue("q", 0)
+            names = [s.name for s in self._shms]
             for w in range(self.num_workers):
-                shms = [SharedMemory(create=True, size=nbytes) for _ in range(self.prefetch)]
-                self._shms.extend(shms)
                 parent, child = self.ctx.Pipe(duplex=True)
                 p = self.ctx.Process(target=_worker_main, name=f"seqloader-worker-{w}", daemon=True,
-                                     args=(self.spec, w, child, [s.name for s in shms], os.getpid()))
+                                     args=(self.spec, w, child, names, self._generation, os.getpid()))
                 p.start()
                 child.close()
                 self._procs.append(p)
                 self._conns.append(parent)
+                self._locks.append(threading.Lock())
             self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._shms)
             for w in range(self.num_workers):
                 msg = self._recv(w, self.start_timeout, "start")
@@ -284,29 +304,53 @@ class WorkerPool:
                 self.close()
                 raise WorkerDiedError(f"seqloader worker {w} (pid {proc.pid}) {_describe_exit(proc.exitcode)} "
                                       f"during {doing}; the pool was shut down")
+            reader = self._reader
+            if reader is not None and reader.error is not None:
+                err, tb = reader.error
+                self._cancel()
+                raise WorkerError(f"seqloader reader thread failed during {doing}: "
+                                  f"{type(err).__name__}: {err}\n\nReader traceback:\n{tb}") from err
             if deadline is not None and time.monotonic() > deadline:
                 self.close()
                 raise TimeoutError(f"seqloader worker {w} (pid {proc.pid}) sent nothing for "
                                    f"{timeout:.0f} s during {doing}; raise `timeout` if batches "
                                    "are legitimately this slow")
 
-    def epoch(self, plan: EpochPlan, first_batch: int = 0
-              ) -> Iterator[tuple[int, int, Any, list[bytes] | None]]:
-        """Yield ``(j, n, (images, labels) views, raw)`` for batches ``j >= first_batch`` in
-        plan order.  The views are valid only until the next item is requested: copy
-        them out.  Finite; cancels itself if closed early."""
-        if len(plan.streams) != self.num_workers:
-            raise ValueError(f"plan is for {len(plan.streams)} workers, pool has {self.num_workers}")
+    def epoch(self, plan: EpochPlan, feeder: Feeder, first_batch: int = 0
+              ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray]]]:
+        """Yield ``(j, n, (labels, samples) views)`` for batches ``j >= first_batch`` in plan
+        order.  The views are valid only until the next item is requested: copy them
+        out.  Finite; cancels itself if closed early."""
+        if plan.num_workers != self.num_workers:
+            raise ValueError(f"plan is for {plan.num_workers} workers, pool has {self.num_workers}")
         self.start()
         self._cancel()
-        W = self.num_workers
-        for w in range(W):
-            first_k = len(range(w, first_batch, W))
-            self._conns[w].send(("epoch", plan.epoch, list(plan.streams[w]),
-                                 list(plan.worker_batches[w]), first_k, W))
+        free: queue.Queue[int] = queue.Queue()
+        for s in range(len(self._shms)):
+            free.put(s)
+        self._reader = _ReaderThread(self, feeder, plan, first_batch, free)
         self._active = plan.epoch
+        self._reader.start()
         try:
-            yield from self._collect(plan, first_batch)
+            for j in range(first_batch, plan.num_batches):
+                w = plan.worker_of(j)
+                msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}")
+                if msg[0] == "error":
+                    _, _, _, _, text, tb = msg
+                    self._cancel()
+                    raise WorkerError(f"seqloader worker {w} (pid {self._procs[w].pid}) failed on "
+                                      f"{text}\n\nWorker traceback:\n{tb}")
+                kind, epoch, got, slot = msg
+                if (kind, epoch, got) != ("done", plan.epoch, j):  # pragma: no cover - invariant
+                    raise AssertionError(f"expected batch {j} of epoch {plan.epoch} from worker "
+                                         f"{w}, got {msg[:3]}")
+                labels, samples, _ = slot_views(self._shms[slot].buf, self.spec, plan.batch_sizes[j])
+                try:
+                    yield j, plan.batch_sizes[j], (labels, samples)
+                finally:
+                    del labels, samples
+                    free.put(slot)
+            self._active = None
         finally:
             if self._active is not None and self.started:  # closed early: break, error, GC
                 try:
@@ -314,49 +358,35 @@ class WorkerPool:
                 except Exception:
                     self.close()
 
-    def _collect(self, plan: EpochPlan, first_batch: int
-                 ) -> Iterator[tuple[int, int, Any, list[bytes] | None]]:
-        for j in range(first_batch, plan.num_batches):
-            w, k = plan.worker_of(j)
-            msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}")
-            if msg[0] == "error":
-                _, _, _, text, tb = msg
-                self._cancel()
-                raise WorkerError(f"seqloader worker {w} (pid {self._procs[w].pid}) failed on "
-                                  f"{text}\n\nWorker traceback:\n{tb}")
-            kind, epoch, got_k, slot, n, raw = msg
-            if (kind, epoch, got_k) != ("batch", plan.epoch, k):  # pragma: no cover - invariant
-                raise AssertionError(f"expected batch {k} of epoch {plan.epoch} from worker {w}, "
-                                     f"got {msg[:3]}")
-            views = batch_views(self._shms[w * self.prefetch + slot].buf, self.spec, n)
-            try:
-                yield j, n, views, raw
-            finally:
-                del views
-                if self.started:
-                    self._conns[w].send(("free", slot))
-        self._active = None
-
     def _cancel(self) -> None:
-        """Stop an unfinished epoch and wait until every worker has acknowledged."""
+        """Stop an unfinished epoch: stop the reader, make workers skip queued batches and
+        wait until every worker has acknowledged."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop.set()
+            reader.join(30)
         if self._active is None or not self.started:
             self._active = None
             return
         epoch, self._active = self._active, None
-        for c in self._conns:
-            c.send(("cancel", epoch))
+        self._generation.value += 1
+        for w, c in enumerate(self._conns):
+            with self._locks[w]:
+                c.send(("cancel", epoch))
         for w in range(self.num_workers):
-            while True:
-                msg = self._recv(w, 30, "cancel")
-                if msg[0] == "cancelled":
-                    break
+            while self._recv(w, 30, "cancel")[0] != "cancelled":
+                pass
 
     def close(self) -> None:
-        """Stop the workers and free the shared memory.  Idempotent."""
+        """Stop the reader and the workers and free the shared memory.  Idempotent."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.stop.set()
+            reader.join(30)
         if self._finalizer is not None:
             self._finalizer()
         else:
             _shutdown(self._procs, self._conns, self._shms)
-        self._procs, self._conns, self._shms = [], [], []
+        self._procs, self._conns, self._locks, self._shms = [], [], [], []
         self._finalizer = None
         self._active = None

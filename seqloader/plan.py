@@ -12,13 +12,14 @@ NOTE [ the epoch plan ]
    has the same number of batches (uneven counts hang DistributedDataParallel).
    Evaluation (not ``even``): slices differ by at most one record, every record
    is visited exactly once overall, and batch counts may differ by one.
-4. A rank's slice is cut into batches of ``batch_size`` (the last one smaller,
-   or dropped with ``drop_last``: at most ``batch_size - 1`` records of the
-   rank's slice).  Batch ``j`` is built by worker ``j % num_workers``, which reads
-   the records of all its batches as one *stream* (ranges of contiguous records),
-   shuffles that stream locally (:mod:`seqloader.shuffle`) and cuts it into its
-   batches in order.  The main process yields batches ``0, 1, 2, ...`` -- so the
-   order of everything is a function of (seed, epoch, rank, num_workers).
+4. One reader per rank walks the rank's slice in order (long sequential reads,
+   see NOTE [ one reader per rank ] in :mod:`seqloader.feeder`), shuffles it
+   locally (:mod:`seqloader.shuffle`, seeded by (seed, epoch, rank)) and cuts it
+   into batches of ``batch_size`` (the last one smaller, or dropped with
+   ``drop_last``: at most ``batch_size - 1`` records of the rank's slice).
+   Batch ``j`` is decoded by worker ``j % num_workers`` and yielded in order
+   ``0, 1, 2, ...``, so the order of everything is a function of
+   (seed, epoch, rank) -- not of the number of workers.
 Nothing here reads data: ``len`` is known before iterating.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["PlanSpec", "EpochPlan", "make_chunks", "chunk_order", "rank_bounds",
-           "slice_ranges", "cut_ranges", "batch_sizes", "plan_epoch", "num_batches"]
+           "slice_ranges", "batch_sizes", "plan_epoch", "num_batches"]
 
 Range = tuple[int, int]
 
@@ -107,26 +108,6 @@ def slice_ranges(ranges: Sequence[Range], lo: int, hi: int) -> list[Range]:
     return out
 
 
-def cut_ranges(ranges: Sequence[Range], sizes: Sequence[int]) -> list[list[Range]]:
-    """Cut the concatenation of ``ranges`` into consecutive pieces of ``sizes`` records
-    (linear time; what is left after the last piece is ignored)."""
-    out: list[list[Range]] = []
-    it = iter(ranges)
-    cur: Range | None = None
-    for size in sizes:
-        piece: list[Range] = []
-        need = size
-        while need:
-            if cur is None or cur[0] == cur[1]:
-                cur = next(it)
-            take = min(need, cur[1] - cur[0])
-            piece.append((cur[0], cur[0] + take))
-            cur = (cur[0] + take, cur[1])
-            need -= take
-        out.append(piece)
-    return out
-
-
 def batch_sizes(n: int, batch_size: int, drop_last: bool) -> list[int]:
     """Sizes of the batches a slice of ``n`` records makes (DataLoader's rule)."""
     full, rem = divmod(n, batch_size)
@@ -142,14 +123,14 @@ def num_batches(spec: PlanSpec) -> int:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One rank's epoch.  ``streams[w]`` are the record ranges worker ``w`` reads, in
-    order; ``worker_batches[w]`` the sizes of the batches it cuts from its (locally
-    shuffled) stream.  Batch ``j`` of the epoch is batch ``j // W`` of worker ``j % W``."""
+    """One rank's epoch: the record ranges its reader walks, in order, and the sizes of
+    the batches cut from the (locally shuffled) stream.  Batch ``j`` is decoded by
+    worker ``j % num_workers``."""
 
     epoch: int
+    ranges: tuple[Range, ...]
     batch_sizes: tuple[int, ...]
-    streams: tuple[tuple[Range, ...], ...]
-    worker_batches: tuple[tuple[int, ...], ...]
+    num_workers: int = 1
 
     @property
     def num_batches(self) -> int:
@@ -159,10 +140,9 @@ class EpochPlan:
     def num_samples(self) -> int:
         return sum(self.batch_sizes)
 
-    def worker_of(self, j: int) -> tuple[int, int]:
-        """(worker, index among that worker's batches) of epoch batch ``j``."""
-        w = len(self.streams)
-        return j % w, j // w
+    def worker_of(self, j: int) -> int:
+        """The worker that decodes epoch batch ``j``."""
+        return j % self.num_workers
 
 
 def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
@@ -171,16 +151,9 @@ def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
     order = chunk_order(len(chunks), seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
     sequence = [(int(a), int(b)) for a, b in chunks[order]]
     lo, hi = rank_bounds(spec.num_records, spec.rank, spec.world_size, even=spec.even)
-    mine = slice_ranges(sequence, lo, hi)
     sizes = batch_sizes(hi - lo, spec.batch_size, spec.drop_last)
-    W = spec.num_workers
-    streams: list[list[Range]] = [[] for _ in range(W)]
-    per_worker: list[list[int]] = [[] for _ in range(W)]
-    for j, (size, pieces) in enumerate(zip(sizes, cut_ranges(mine, sizes))):
-        streams[j % W].extend(pieces)
-        per_worker[j % W].append(size)
-    return EpochPlan(epoch, tuple(sizes), tuple(tuple(_merge(s)) for s in streams),
-                     tuple(tuple(b) for b in per_worker))
+    mine = slice_ranges(sequence, lo, lo + sum(sizes))  # what drop_last drops is never read
+    return EpochPlan(epoch, tuple(_merge(mine)), tuple(sizes), spec.num_workers)
 
 
 def _merge(ranges: list[Range]) -> list[Range]:

@@ -1,22 +1,23 @@
-"""What one worker does in an epoch: read its stream, shuffle locally, decode and
-transform into batch buffers.  Runs inside worker processes (or in the caller's
-process with ``num_workers=0``).
+"""The decode side of a batch: encoded records in, a filled batch buffer out.
+
+Runs in worker processes (or in the caller's process with ``num_workers=0``).
+A batch buffer ("slot") is laid out as ``[labels: int64 x B][samples: B x
+sample_shape][input: encoded records]``; the reader copies a batch's record values
+into the input region and the decoder writes labels and samples in place.
 """
 from __future__ import annotations
 
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
 
 from .database import Database
-from .reader import RangeReader
-from .shuffle import ShuffleBuffer
 
-__all__ = ["ProducerSpec", "Producer", "RecordError", "batch_rng", "worker_rng"]
+__all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch"]
 
 
 class RecordError(RuntimeError):
@@ -26,11 +27,6 @@ class RecordError(RuntimeError):
         super().__init__(message)
         self.index = index
         self.tb = tb
-
-
-def worker_rng(seed: int, epoch: int, rank: int, worker: int) -> np.random.Generator:
-    """The local-shuffle generator of one (seed, epoch, rank, worker)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, epoch, rank, worker, 1]))
 
 
 def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
@@ -43,10 +39,10 @@ def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generat
 class ProducerSpec:
     """Picklable description of the work; sent to each worker once.
 
-    ``mode`` is ``"raw"`` (encoded bytes) or ``"decode"``.  In decode mode exactly one
-    of ``fused`` (a :class:`~seqloader.transforms.FusedPipeline`) and ``transform``
-    (``callable(img_rgb_uint8, rng) -> array``) is set, and every sample has
-    ``sample_shape``/``sample_dtype``.
+    ``mode`` is ``"raw"`` (encoded bytes are the batch) or ``"decode"``.  In decode
+    mode exactly one of ``fused`` (a :class:`~seqloader.transforms.FusedPipeline`)
+    and ``transform`` (``callable(img_rgb_uint8, rng) -> array``) is set, and every
+    sample has ``sample_shape``/``sample_dtype``.
     """
 
     db: Database
@@ -64,18 +60,30 @@ class ProducerSpec:
     sample_dtype: str = "float32"
     prefetch_bytes: int = 64 << 20
 
-    def slot_nbytes(self) -> int:
-        """Bytes of one batch buffer: samples, then int64 labels."""
+    @property
+    def output_nbytes(self) -> int:
         per = int(np.prod(self.sample_shape)) * np.dtype(self.sample_dtype).itemsize
-        return self.batch_size * per + self.batch_size * 8
+        return self.batch_size * (per + 8)
+
+    @property
+    def input_nbytes(self) -> int:
+        """Room for one batch of encoded records: twice the mean, at least 1 MiB.  A batch
+        that does not fit travels through the pipe instead."""
+        mean = self.db.image_bytes / max(1, self.db.num_records)
+        return max(1 << 20, int(2 * self.batch_size * (mean + 64)))
+
+    @property
+    def slot_nbytes(self) -> int:
+        return self.output_nbytes + self.input_nbytes
 
 
-def batch_views(buf: memoryview | bytearray, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(images[:n], labels[:n]) views into a batch buffer laid out by ``slot_nbytes``."""
+def slot_views(buf: Any, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels[:n], samples[:n], input bytes) views into a batch buffer."""
     B = spec.batch_size
-    images = np.ndarray((B, *spec.sample_shape), spec.sample_dtype, buffer=buf)
-    labels = np.ndarray((B,), np.int64, buffer=buf, offset=images.nbytes)
-    return images[:n], labels[:n]
+    labels = np.ndarray((B,), np.int64, buffer=buf)
+    samples = np.ndarray((B, *spec.sample_shape), spec.sample_dtype, buffer=buf, offset=8 * B)
+    inp = np.ndarray((spec.input_nbytes,), np.uint8, buffer=buf, offset=spec.output_nbytes)
+    return labels[:n], samples[:n], inp
 
 
 def _seed_global_rngs(rng: np.random.Generator) -> None:
@@ -88,121 +96,40 @@ def _seed_global_rngs(rng: np.random.Generator) -> None:
         sys.modules["torch"].manual_seed(s)
 
 
-class Producer:
-    """One worker's epochs.  Create in the process that runs it (opens LMDB lazily)."""
-
-    def __init__(self, spec: ProducerSpec, worker: int):
-        self.spec = spec
-        self.worker = worker
-        self.reader = RangeReader(spec.db, prefetch_bytes=spec.prefetch_bytes)
-
-    def records(self, epoch: int, ranges: Sequence[tuple[int, int]], skip: int
-                ) -> Iterator[tuple[int, memoryview]]:
-        """The worker's stream for ``epoch`` in output (shuffled) order, minus the first
-        ``skip`` outputs -- skipped on positions only; see NOTE [ local shuffle ]."""
-        spec = self.spec
-        if not spec.shuffle:
-            yield from self.reader.read(_skip_ranges(ranges, skip))
-            return
-        n = sum(b - a for a, b in ranges)
-        buf: ShuffleBuffer[int] = ShuffleBuffer(spec.cache, worker_rng(spec.seed, epoch, spec.rank,
-                                                                      self.worker),
-                                                warmup=spec.warmup)
-        emitted = 0
-        pos = 0
-        while emitted < skip and pos < n:  # fast-forward on positions, no I/O
-            emitted += len(buf.push(pos))
-            pos += 1
-        while emitted < skip:
-            next(buf.drain())
-            emitted += 1
-        # records of the stream by position; start with what the buffer holds
-        index_of = _PositionMap(ranges)
-        held = {p: self.reader.get(index_of(p)) for p in buf.items}
-        stream = self.reader.read(_skip_ranges(ranges, pos))
-        for p in range(pos, n):
-            idx, value = next(stream)
-            held[p] = value
-            for out in buf.push(p):
-                yield index_of(out), held.pop(out)
-        for out in buf.drain():
-            yield index_of(out), held.pop(out)
-
-    def fill(self, records: Iterator[tuple[int, memoryview]], n: int, rng: np.random.Generator,
-             out: tuple[np.ndarray, np.ndarray] | None) -> list[bytes] | None:
-        """Take ``n`` records; decode+transform them into ``out`` (decode mode) or return
-        their encoded bytes (raw mode, labels into ``out[1]``)."""
-        spec = self.spec
-        images, labels = out
-        raw: list[bytes] = []
-        if spec.transform is not None:
-            _seed_global_rngs(rng)
-        for i in range(n):
-            idx, value = next(records)
-            rec: dict = {}
-            try:
-                rec = msgpack.unpackb(value, raw=False)
-                data, label = rec["image"], rec["label"]
-                if spec.target_transform is not None:
-                    label = spec.target_transform(label)
-                labels[i] = label
-                if spec.mode == "raw":
-                    raw.append(data)
-                elif spec.fused is not None:
-                    spec.fused(data, images[i], rng)
-                else:
-                    self._generic(data, images[i], rng)
-            except Exception as e:
-                path = rec.get("path") if isinstance(rec, dict) else None
-                where = f"record {idx}" + (f" ({path})" if path else "")
-                raise RecordError(f"{where}: {type(e).__name__}: {e}", idx,
-                                  traceback.format_exc()) from e
-        return raw if spec.mode == "raw" else None
-
-    def _generic(self, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
-        from .transforms import decode_rgb
-
-        result = np.asarray(self.spec.transform(decode_rgb(data), rng))
-        if result.shape != out.shape:
-            raise ValueError(f"the transform returned shape {result.shape}, but the first record "
-                             f"gave {out.shape}; batches need equal shapes (end the transform "
-                             "with a fixed-size crop such as CenterCrop/RandomResizedCrop)")
-        np.copyto(out, result, casting="same_kind")
-
-    def epoch(self, epoch: int, ranges: Sequence[tuple[int, int]], sizes: Sequence[int],
-              first_batch: int, batch_index: Callable[[int], int]
-              ) -> Iterator[tuple[int, int, Callable]]:
-        """Yield ``(k, n, fill_k)`` for this worker's batches ``k >= first_batch``;
-        ``fill_k(out)`` must be called before the next item is requested."""
-        skip = sum(sizes[:first_batch])
-        records = self.records(epoch, ranges, skip)
-        for k in range(first_batch, len(sizes)):
-            n = sizes[k]
-            rng = batch_rng(self.spec.seed, epoch, self.spec.rank, batch_index(k))
-            yield k, n, (lambda out, n=n, rng=rng: self.fill(records, n, rng, out))
-
-    def close(self) -> None:
-        self.reader.close()
+def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[int],
+                 labels: np.ndarray, samples: np.ndarray, rng: np.random.Generator
+                 ) -> list[bytes] | None:
+    """Parse each record value; write labels (after ``target_transform``) and, in decode
+    mode, each transformed image into ``samples``.  Raw mode returns the image bytes.
+    Raises :class:`RecordError` naming the record (index and source path)."""
+    raw: list[bytes] = []
+    if spec.transform is not None:
+        _seed_global_rngs(rng)
+    for i, (value, idx) in enumerate(zip(values, indices)):
+        rec: Any = {}
+        try:
+            rec = msgpack.unpackb(value, raw=False)
+            data, label = rec["image"], rec["label"]
+            labels[i] = spec.target_transform(label) if spec.target_transform else label
+            if spec.mode == "raw":
+                raw.append(data)
+            elif spec.fused is not None:
+                spec.fused(data, samples[i], rng)
+            else:
+                _generic(spec, data, samples[i], rng)
+        except Exception as e:
+            path = rec.get("path") if isinstance(rec, dict) else None
+            where = f"record {idx}" + (f" ({path})" if path else "")
+            raise RecordError(f"{where}: {type(e).__name__}: {e}", idx, traceback.format_exc()) from e
+    return raw if spec.mode == "raw" else None
 
 
-class _PositionMap:
-    """Stream position -> global record index, for a list of ranges."""
+def _generic(spec: ProducerSpec, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
+    from .transforms import decode_rgb
 
-    def __init__(self, ranges: Sequence[tuple[int, int]]):
-        self.starts = np.cumsum([0] + [b - a for a, b in ranges])
-        self.firsts = np.asarray([a for a, _ in ranges] or [0])
-
-    def __call__(self, p: int) -> int:
-        i = int(np.searchsorted(self.starts, p, side="right")) - 1
-        return int(self.firsts[i] + p - self.starts[i])
-
-
-def _skip_ranges(ranges: Sequence[tuple[int, int]], skip: int) -> list[tuple[int, int]]:
-    out = []
-    for a, b in ranges:
-        if skip >= b - a:
-            skip -= b - a
-            continue
-        out.append((a + skip, b))
-        skip = 0
-    return out
+    result = np.asarray(spec.transform(decode_rgb(data), rng))
+    if result.shape != out.shape:
+        raise ValueError(f"the transform returned shape {result.shape}, but the first record "
+                         f"gave {out.shape}; batches need equal shapes (end the transform "
+                         "with a fixed-size crop such as CenterCrop/RandomResizedCrop)")
+    np.copyto(out, result, casting="same_kind")

@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .feeder import PositionMap, shuffle_rng
 from .plan import PlanSpec, plan_epoch
-from .producer import _PositionMap, worker_rng
-from .shuffle import ShuffleBuffer
+from .shuffle import shuffle_order
 
 __all__ = ["epoch_order", "expected_distinct", "distinct_ratio", "epoch_correlation",
            "ShuffleQuality", "shuffle_quality"]
@@ -25,29 +25,18 @@ __all__ = ["epoch_order", "expected_distinct", "distinct_ratio", "epoch_correlat
 def epoch_order(spec: PlanSpec, epoch: int, *, cache: int, warmup: int | None = None) -> np.ndarray:
     """Global record indices in the order the Loader yields them for ``spec.rank``.
 
-    Mirrors :class:`~seqloader.producer.Producer` (same plan, same generators); ``cache``
-    is the per-worker buffer (``Loader``'s ``cache // num_workers``), and ``warmup``
-    defaults like the Loader's.
+    Mirrors :class:`~seqloader.feeder.Feeder` (same plan, same generator); ``cache``
+    and ``warmup`` as given to the Loader (``warmup`` defaults like the Loader's).
     """
     plan = plan_epoch(spec, epoch)
-    warmup = min(cache, spec.batch_size) if warmup is None else warmup
-    per_worker = []
-    for w, ranges in enumerate(plan.streams):
-        pos = _PositionMap(ranges)
-        n = sum(b - a for a, b in ranges)
-        if spec.shuffle:
-            buf: ShuffleBuffer[int] = ShuffleBuffer(cache, worker_rng(spec.seed, epoch, spec.rank, w),
-                                                    warmup=warmup)
-            out = [o for p in range(n) for o in buf.push(p)]
-            out.extend(buf.drain())
-        else:
-            out = list(range(n))
-        per_worker.append(iter([pos(p) for p in out]))
-    order = []
-    for j, size in enumerate(plan.batch_sizes):
-        w, _ = plan.worker_of(j)
-        order.extend(next(per_worker[w]) for _ in range(size))
-    return np.asarray(order, np.int64)
+    index_of = PositionMap(plan.ranges)
+    n = len(index_of)
+    if spec.shuffle:
+        warmup = min(cache, spec.batch_size) if warmup is None else warmup
+        order = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup)
+    else:
+        order = np.arange(n)
+    return np.asarray([index_of(int(p)) for p in order], np.int64)
 
 
 def expected_distinct(labels: np.ndarray, batch_size: int) -> float:
@@ -94,7 +83,7 @@ class ShuffleQuality:
 
 def shuffle_quality(labels: np.ndarray, spec: PlanSpec, *, cache: int, epochs: Sequence[int] = (0, 1)
                     ) -> ShuffleQuality:
-    """Both figures for the Loader configured by ``spec`` and a per-worker ``cache``."""
+    """Both figures for the Loader configured by ``spec`` and its ``cache``."""
     orders = [epoch_order(spec, e, cache=cache) for e in epochs]
     ratio = float(np.mean([distinct_ratio(labels, o, spec.batch_size) for o in orders]))
     corr = float(np.mean([epoch_correlation(x, y) for x, y in zip(orders, orders[1:])]))

@@ -45,6 +45,7 @@ files (real Photoshop CMYK files with K > 0 were not tested here).
 
 from __future__ import annotations
 
+import colorsys
 import io
 import math
 import os
@@ -145,9 +146,10 @@ def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def _hsv_color(hue: float, sat: float, val: float) -> tuple[float, float, float]:
-    rgb = _hsv_to_rgb(np.array([[hue]], np.float32), np.array([[sat]], np.float32),
-                      np.array([[val]], np.float32))[0, 0]
-    return (float(rgb[0]) * 255.0, float(rgb[1]) * 255.0, float(rgb[2]) * 255.0)
+    """One HSV colour (hue in degrees, s/v in [0, 1]) -> RGB tuple in [0, 255]."""
+    r, g, b = colorsys.hsv_to_rgb((hue % 360.0) / 360.0, min(max(sat, 0.0), 1.0),
+                                  min(max(val, 0.0), 1.0))
+    return (r * 255.0, g * 255.0, b * 255.0)
 
 
 def _stripes(rng: np.random.Generator, kind: int, cycles: float, h: int, w: int) -> np.ndarray:
@@ -283,9 +285,10 @@ def make_image(rng: np.random.Generator, label: int, num_classes: int, height: i
     mod *= np.float32(grain / 74.0)  # uniform(-128,128) has sd ~74
     mod += np.float32(1.0)
     mod += amp * s
-    img *= mod[..., None]
-    np.clip(img, 0.0, 255.0, out=img)
-    return np.ascontiguousarray(img.astype(np.uint8))
+    # multiply + round + saturate to uint8 in one OpenCV pass (much faster than a
+    # numpy (h,w,3)*(h,w,1) broadcast followed by clip and astype)
+    out = cv2.multiply(img, cv2.merge((mod, mod, mod)), dtype=cv2.CV_8U)
+    return np.ascontiguousarray(out)
 
 
 # ----------------------------------------------------------------------------
@@ -416,7 +419,21 @@ def _run_chunk(args: tuple[list[_Task], str]) -> list[tuple[str, str, int]]:
 
 
 def _worker_init() -> None:
+    # Only for spawn children. NEVER call cv2.setNumThreads() in a *forked* child:
+    # if the parent has already run a multi-threaded OpenCV op (e.g. resizing a
+    # large image), it deadlocks (futex wait, verified with opencv 5.0.0). Forked
+    # children work fine when they leave OpenCV's thread setting alone.
     cv2.setNumThreads(1)  # one process per core; avoid oversubscription
+
+
+def _pool_context():  # -> (multiprocessing context, initializer or None)
+    import multiprocessing as mp
+    import sys
+
+    if sys.platform.startswith("linux"):
+        # fork: no __main__ guard needed in callers, fast start; see _worker_init
+        return mp.get_context("fork"), None
+    return mp.get_context("spawn"), _worker_init
 
 
 # ----------------------------------------------------------------------------
@@ -480,7 +497,10 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
             the long side 800-1600 px, ~3% with the long side < 250 px) or
             ``"small"`` (64-128 px per side, for fast tests).
         quality: JPEG quality 1..100.
-        workers: processes to use (``1`` = in-process).
+        workers: processes to use (``1`` = in-process). On Linux the pool
+            uses ``fork`` (works from any script, no ``__main__`` guard
+            needed); elsewhere ``spawn`` (callers need the usual
+            ``if __name__ == "__main__":`` guard).
         progress: show a tqdm progress bar.
 
     Returns:
@@ -567,12 +587,11 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
                 results.append(_run_task(t, root_s))
                 bar.update(1)
         else:
-            import multiprocessing as mp
-
+            ctx, init = _pool_context()
             chunk = max(1, min(32, len(tasks) // (workers * 8) or 1))
             chunks: Iterator[tuple[list[_Task], str]] = (
                 (tasks[j:j + chunk], root_s) for j in range(0, len(tasks), chunk))
-            with mp.get_context().Pool(workers, initializer=_worker_init) as pool:
+            with ctx.Pool(workers, initializer=init) as pool:
                 for res in pool.imap_unordered(_run_chunk, chunks):
                     results.extend(res)
                     bar.update(len(res))

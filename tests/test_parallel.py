@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+import seqloader.transforms as T
 from seqloader import Loader
 from seqloader.parallel import WorkerDiedError, WorkerError
+from seqloader.producer import RecordError
+
+SMALL = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +59,7 @@ def _bad_label(label):
 
 
 def test_exception_in_worker_reaches_caller_with_traceback_and_record(lmdb_dir):
-    loader = Loader(lmdb_dir, "train", None, batch_size=4, num_workers=2,
+    loader = Loader(lmdb_dir, "train", SMALL, batch_size=4, num_workers=2,
                     target_transform=_bad_label)
     with pytest.raises(WorkerError) as ei:
         for _ in loader:
@@ -67,10 +71,14 @@ def test_exception_in_worker_reaches_caller_with_traceback_and_record(lmdb_dir):
     with pytest.raises(WorkerError):
         list(loader)
     loader.close()
+    inline = Loader(lmdb_dir, "train", SMALL, batch_size=4, num_workers=0,
+                    target_transform=_bad_label)
+    with pytest.raises(RecordError, match=r"record \d+ \(.*JPEG\): ValueError: label two"):
+        list(inline)
 
 
 def test_killed_worker_is_reported_quickly_not_a_hang(lmdb_dir):
-    loader = Loader(lmdb_dir, "train", None, batch_size=2, num_workers=2, cache=4)
+    loader = Loader(lmdb_dir, "train", SMALL, batch_size=2, num_workers=2, cache=4)
     it = iter(loader)
     next(it)
     pids = loader._pool.pids
@@ -82,34 +90,34 @@ def test_killed_worker_is_reported_quickly_not_a_hang(lmdb_dir):
     assert time.time() - t0 < 5
     assert not _wait_dead(pids)
     # iterating again starts a fresh pool
-    assert sum(len(raw) for raw, _ in loader) > 0
+    assert sum(len(y) for _, y in loader) > 0
     loader.close()
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_break_mid_epoch_leaves_nothing_behind(lmdb_dir, method):
-    shm0 = _shm()
     fds = []
     for _ in range(2):  # the 1st round may open multiprocessing's own helpers (forkserver)
-        loader = Loader(lmdb_dir, "train", None, batch_size=2, num_workers=2,
+        loader = Loader(lmdb_dir, "train", SMALL, batch_size=2, num_workers=2,
                         start_method=method, shuffle=True, cache=8)
         n = len(loader)
         for i, _ in enumerate(loader):
             if i == 2:
                 break
         pids = loader._pool.pids
-        assert _shm() == shm0  # buffer names are unlinked as soon as workers attach
+        names = {s.name.lstrip("/") for s in loader._pool._shms}
+        assert len(names) == 4 and not names & _shm()  # unlinked as soon as workers attach
         # the next epoch after a break is complete and exact
         assert sum(1 for _ in loader) == n
         loader.close()
         assert not _wait_dead(pids)
-        assert _shm() == shm0
+        assert not names & _shm()
         fds.append(_fds())
     assert fds[1] <= fds[0], "file descriptors leaked"
 
 
 def test_del_and_gc_stop_workers(lmdb_dir):
-    loader = Loader(lmdb_dir, "train", None, batch_size=2, num_workers=2)
+    loader = Loader(lmdb_dir, "train", SMALL, batch_size=2, num_workers=2)
     next(iter(loader))
     pids = loader._pool.pids
     del loader
@@ -119,7 +127,7 @@ def test_del_and_gc_stop_workers(lmdb_dir):
 
 
 def test_non_persistent_workers_stop_after_each_epoch(lmdb_dir):
-    loader = Loader(lmdb_dir, "train", None, batch_size=4, num_workers=2, persistent_workers=False)
+    loader = Loader(lmdb_dir, "train", SMALL, batch_size=4, num_workers=2, persistent_workers=False)
     list(loader)
     assert loader._pool is None
     list(loader)
@@ -128,11 +136,14 @@ def test_non_persistent_workers_stop_after_each_epoch(lmdb_dir):
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
+    import seqloader.transforms as T
     from seqloader import Loader
-    loader = Loader(sys.argv[1], "train", None, batch_size=1, num_workers=2, timeout=30)
+    tf = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
+    loader = Loader(sys.argv[1], "train", tf, batch_size=1, num_workers=2, timeout=30)
     it = iter(loader)
     next(it)
     print(" ".join(map(str, loader._pool.pids)), flush=True)
+    print(" ".join(s.name.lstrip("/") for s in loader._pool._shms), flush=True)
     if sys.argv[2] == "int":
         try:
             os.kill(os.getpid(), signal.SIGINT)
@@ -147,16 +158,16 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("how", ["kill", "int"])
 def test_parent_killed_or_interrupted_leaves_no_orphans(lmdb_dir, how):
-    shm0 = _shm()
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(lmdb_dir), how],
                             stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     pids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(pids) == 2
+    names = set(proc.stdout.readline().split())
+    assert len(pids) == 2 and len(names) == 4
     if how == "kill":
         proc.kill()
     else:
         assert proc.stdout.readline().strip() == "interrupted"
     proc.wait(30)
     assert not _wait_dead(pids, 10), "orphaned workers"
-    assert _shm() == shm0
+    assert not names & _shm(), "leaked shared memory"

@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from seqloader.plan import (PlanSpec, batch_sizes, cut_ranges, make_chunks, num_batches,
+from seqloader.plan import (PlanSpec, batch_sizes, make_chunks, num_batches,
                             plan_epoch)
 from seqloader.shuffle import ShuffleBuffer, shuffle_order, shuffled
 
@@ -14,9 +14,9 @@ def records_of(ranges):
 
 def rank_records(spec, epoch):
     plan = plan_epoch(spec, epoch)
-    per_worker = [records_of(s) for s in plan.streams]
-    assert [len(r) for r in per_worker] == [sum(b) for b in plan.worker_batches]
-    return plan, per_worker
+    recs = records_of(plan.ranges)
+    assert len(recs) == plan.num_samples
+    return plan, recs
 
 
 CONFIGS = [
@@ -41,14 +41,13 @@ def test_each_record_at_most_once_and_disjoint(shards, B, C, R, W, drop, shuffle
         for r in range(R):
             spec = PlanSpec(shards, B, C, shuffle, drop, seed=7, rank=r, world_size=R,
                             num_workers=W, even=shuffle)
-            plan, per_worker = rank_records(spec, epoch)
+            plan, recs = rank_records(spec, epoch)
             assert plan.num_batches == num_batches(spec) == len(plan.batch_sizes)
             assert all(n == B for n in plan.batch_sizes[:-1])
             assert not plan.batch_sizes or 0 < plan.batch_sizes[-1] <= B
             if drop:
                 assert all(n == B for n in plan.batch_sizes)
-            for recs in per_worker:
-                seen.extend(recs)
+            seen.extend(recs)
             counts.append(plan.num_batches)
         assert len(seen) == len(set(seen))  # disjoint across workers and ranks
         assert set(seen) <= set(range(N))
@@ -61,15 +60,17 @@ def test_each_record_at_most_once_and_disjoint(shards, B, C, R, W, drop, shuffle
             assert max(counts) - min(counts) <= 1
 
 
-def test_evaluation_order_is_file_order_in_yield_order():
+def test_evaluation_reads_in_file_order_and_batches_go_round_robin():
     spec = PlanSpec((100, 50), 16, 32, shuffle=False, num_workers=3, even=False)
     plan = plan_epoch(spec, 0)
-    streams = [iter(records_of(s)) for s in plan.streams]
-    yielded = []
-    for j, n in enumerate(plan.batch_sizes):
-        w, _ = plan.worker_of(j)
-        yielded.extend(next(streams[w]) for _ in range(n))
-    assert yielded == list(range(150))
+    assert records_of(plan.ranges) == list(range(150)) and plan.ranges == ((0, 150),)
+    assert [plan.worker_of(j) for j in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_order_does_not_depend_on_worker_count():
+    a = plan_epoch(PlanSpec((500,), 8, 16, num_workers=1), 3)
+    b = plan_epoch(PlanSpec((500,), 8, 16, num_workers=4), 3)
+    assert a.ranges == b.ranges and a.batch_sizes == b.batch_sizes
 
 
 def test_same_seed_same_order_new_epoch_new_order():
@@ -77,18 +78,14 @@ def test_same_seed_same_order_new_epoch_new_order():
     a, b = plan_epoch(spec, 0), plan_epoch(spec, 0)
     assert a == b
     c = plan_epoch(spec, 1)
-    assert c.streams != a.streams
+    assert c.ranges != a.ranges
     other = PlanSpec((5000,), 64, 100, seed=4, num_workers=2)
-    assert plan_epoch(other, 0).streams != a.streams
+    assert plan_epoch(other, 0).ranges != a.ranges
 
 
 def test_chunks_never_cross_shards():
     ch = make_chunks((10, 3, 7), 4)
     assert ch.tolist() == [[0, 4], [4, 8], [8, 10], [10, 13], [13, 17], [17, 20]]
-
-
-def test_cut_ranges():
-    assert cut_ranges([(0, 3), (10, 12)], [2, 2, 1]) == [[(0, 2)], [(2, 3), (10, 11)], [(11, 12)]]
 
 
 def test_batch_sizes_match_dataloader():

@@ -1,0 +1,186 @@
+"""Single-process throughput of JPEG decode + ImageNet train transforms.
+
+Compares, over in-memory JPEG bytes (one thread, ``cv2.setNumThreads(1)``):
+
+  decode_bgr        plain ``cv2.imdecode`` to BGR, nothing else
+  unfused           ``decode_rgb`` + Compose(RandomResizedCrop(224), RandomHorizontalFlip(),
+                    ToTensor(), Normalize(imagenet))
+  fused_float       ``compile_fused(recipe)``: JPEG bytes -> normalised (3, 224, 224) float32
+  fused_uint8       ``compile_fused(recipe, output="uint8")``: -> (224, 224, 3) uint8
+  fused_no_reduce   fused_float with ``reduced_decode=False``
+
+for a set of ~500x375 images (ImageNet-like) and a set of ~1200x900 photos; then, on
+the draws where a reduced-scale decode applies, fused with vs without it (and the
+decode alone).  Every method sees the same (image, rng seed) sequence.
+
+    python benchmarks/transforms_bench.py [--images 200] [--draws 2] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import cv2
+import numpy as np
+
+from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop,
+                                  ToTensor, compile_fused, decode_rgb)
+from seqloader import _fused
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SMALL_SIZES = [(375, 500)] * 6 + [(500, 375)] * 2 + [(333, 500), (400, 500), (375, 450)]
+LARGE_SIZES = [(900, 1200), (1200, 900), (768, 1024), (960, 1280)]
+
+
+def synth_photo(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth multi-octave (1/f-like) colour noise, a few anti-aliased shapes, fine grain."""
+    img = np.zeros((h, w, 3), np.float32)
+    for octave in range(1, 8):  # grids from 1/128 to 1/2 of the image size
+        gh, gw = max(2, h >> (8 - octave)), max(2, w >> (8 - octave))
+        noise = rng.standard_normal((gh, gw, 3)).astype(np.float32)
+        img += cv2.resize(noise, (w, h), interpolation=cv2.INTER_CUBIC) * (70.0 / octave)
+    img = np.clip(img + 128 + rng.uniform(-40, 40, 3).astype(np.float32), 0, 255).astype(np.uint8)
+    for _ in range(int(rng.integers(2, 7))):
+        color = [int(c) for c in rng.integers(0, 256, 3)]
+        center = (int(rng.integers(0, w)), int(rng.integers(0, h)))
+        if rng.random() < 0.5:
+            axes = (int(rng.integers(5, w // 4)), int(rng.integers(5, h // 4)))
+            cv2.ellipse(img, center, axes, float(rng.uniform(0, 180)), 0, 360, color, -1,
+                        cv2.LINE_AA)
+        else:
+            pts = rng.integers(0, [w, h], (int(rng.integers(3, 6)), 2)).astype(np.int32)
+            cv2.fillPoly(img, [pts], color, cv2.LINE_AA)
+    grain = rng.normal(0, 4, (h, w, 1)).astype(np.float32)
+    return np.clip(img + grain, 0, 255).astype(np.uint8)
+
+
+def make_set(sizes: list[tuple[int, int]], n: int, seed: int, quality: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = sizes[i % len(sizes)]
+        ok, buf = cv2.imencode(".jpg", synth_photo(h, w, rng), [cv2.IMWRITE_JPEG_QUALITY, quality])
+        out.append(buf.tobytes())
+    return out
+
+
+def timed(methods: dict, samples: list[tuple[bytes, int]], repeat: int,
+          make_arg=np.random.default_rng) -> dict[str, np.ndarray]:
+    """Per-sample seconds of each ``fn(data, make_arg(seed))``: methods interleaved per
+    sample (rotating order), best of ``repeat`` runs, so that noise from other processes
+    and clock changes hit all methods alike.  Arguments are made before timing."""
+    for fn in methods.values():  # warm-up (scratch buffers, code paths)
+        fn(samples[0][0], make_arg(samples[0][1]))
+    names = list(methods)
+    best = {m: np.full(len(samples), np.inf) for m in names}
+    clock = time.perf_counter
+    for r in range(repeat):
+        args = {m: [make_arg(seed) for _, seed in samples] for m in names}
+        for n, (data, _) in enumerate(samples):
+            for q in range(len(names)):
+                m = names[(n + r + q) % len(names)]
+                fn, arg = methods[m], args[m][n]
+                t0 = clock()
+                fn(data, arg)
+                best[m][n] = min(best[m][n], clock() - t0)
+    return best
+
+
+def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int) -> dict:
+    recipe = Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
+                      Normalize(MEAN, STD)])
+    f32, u8 = compile_fused(recipe), compile_fused(recipe, output="uint8")
+    f32_full = compile_fused(recipe, reduced_decode=False)
+    outs = {p: np.empty(p.out_shape, p.out_dtype) for p in (f32, u8, f32_full)}
+    samples = [(data, 1000 * d + i) for d in range(draws) for i, data in enumerate(jpegs)]
+    plans = []
+    for data, seed in samples:
+        h, w, _ = _fused.jpeg_info(data)
+        plans.append(f32.plan(h, w, np.random.default_rng(seed)))
+    ks = np.array([p.k for p in plans])
+
+    methods = {
+        "decode_bgr": lambda data, rng: cv2.imdecode(np.frombuffer(data, np.uint8),
+                                                     cv2.IMREAD_COLOR),
+        "unfused": lambda data, rng: recipe(decode_rgb(data), rng),
+        "fused_float": lambda data, rng: f32(data, outs[f32], rng),
+        "fused_uint8": lambda data, rng: u8(data, outs[u8], rng),
+        "fused_no_reduce": lambda data, rng: f32_full(data, outs[f32_full], rng),
+    }
+    times = timed(methods, samples, repeat)
+    result = {"images": len(jpegs), "samples": len(samples),
+              "mean_kb": round(float(np.mean([len(j) for j in jpegs])) / 1024, 1),
+              "methods": {m: {"img_per_s": round(len(t) / t.sum(), 1),
+                              "ms_per_img": round(1e3 * t.mean(), 3)} for m, t in times.items()},
+              "reduced_share": round(float(np.mean(ks > 1)), 3),
+              "k_counts": {int(k): int(np.sum(ks == k)) for k in (1, 2, 4, 8)}}
+    sel = ks > 1
+    if sel.any():
+        sub = [(data, int(k)) for (data, _), k in zip(samples, ks) if k > 1]
+        decode = lambda data, k: _fused.decode(np.frombuffer(data, np.uint8), k)  # noqa: E731
+        dec = timed({"full": lambda data, k: decode(data, 1), "reduced": decode}, sub, repeat,
+                    make_arg=int)
+        dec_full, dec_red = dec["full"], dec["reduced"]
+        result["where_reduced"] = {
+            "samples": int(sel.sum()),
+            "fused_ms": round(1e3 * times["fused_float"][sel].mean(), 3),
+            "fused_no_reduce_ms": round(1e3 * times["fused_no_reduce"][sel].mean(), 3),
+            "fused_speedup": round(times["fused_no_reduce"][sel].sum()
+                                   / times["fused_float"][sel].sum(), 2),
+            "decode_only_speedup": round(dec_full.sum() / dec_red.sum(), 2),
+        }
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=200, help="JPEGs per set (default 200)")
+    ap.add_argument("--draws", type=int, default=2, help="random crops per image (default 2)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per sample; the fastest counts (default 3)")
+    ap.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    ap.add_argument("--sets", default="imagenet,photos",
+                    help="comma list of: imagenet (~500x375), photos (~1200x900)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args()
+    if min(args.images, args.draws, args.repeat) <= 0:
+        ap.error("--images, --draws and --repeat must be positive")
+    cv2.setNumThreads(1)
+    sizes = {"imagenet": SMALL_SIZES, "photos": LARGE_SIZES}
+    results = {"cv2": cv2.__version__, "numpy": np.__version__, "python": platform.python_version(),
+               "cpu": platform.processor() or platform.machine(), "repeat": args.repeat,
+               "quality": args.quality, "sets": {}}
+    for n, name in enumerate(s for s in args.sets.split(",") if s):
+        if name not in sizes:
+            ap.error(f"unknown set {name!r}; use imagenet and/or photos")
+        jpegs = make_set(sizes[name], args.images, seed=n, quality=args.quality)
+        results["sets"][name] = bench_set(name, jpegs, args.draws, args.repeat)
+    print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def print_table(results: dict) -> None:
+    print(f"cv2 {results['cv2']}, numpy {results['numpy']}, 1 thread, best of "
+          f"{results['repeat']} runs per sample\n")
+    print(f"{'set':<10} {'method':<16} {'img/s':>8} {'ms/img':>8} {'vs unfused':>11}")
+    for name, r in results["sets"].items():
+        base = r["methods"]["unfused"]["img_per_s"]
+        for m, v in r["methods"].items():
+            print(f"{name:<10} {m:<16} {v['img_per_s']:>8.1f} {v['ms_per_img']:>8.3f} "
+                  f"{v['img_per_s'] / base:>10.2f}x")
+        print(f"{name:<10} ({r['images']} JPEGs, mean {r['mean_kb']} KB, {r['samples']} samples; "
+              f"reduced decode on {100 * r['reduced_share']:.1f}%, k counts {r['k_counts']})")
+        w = r.get("where_reduced")
+        if w:
+            print(f"{name:<10} where reduced applies ({w['samples']}): fused {w['fused_ms']} ms vs "
+                  f"{w['fused_no_reduce_ms']} ms without -> {w['fused_speedup']}x "
+                  f"(decode alone {w['decode_only_speedup']}x)")
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""Private helpers of :mod:`seqloader.transforms`: decoding, interpolation, geometry
+and the fused decode-crop-resize-flip-normalise pipeline.
+
+Everything here is stateless or holds only plain, picklable data (scratch buffers
+live in a per-thread ``threading.local`` that is dropped when pickling), so it can
+be shipped to spawn workers and called from several threads at once.
+
+NOTE [ interpolation equivalence ]
+torchvision (PIL, and tensors with ``antialias=True``) downscales bilinearly with a
+triangle filter whose support grows with the scale factor s.  OpenCV has no such
+filter, and ``cv2.INTER_AREA`` (box averaging) was measured 3-4x slower than the
+whole alternative below for the fractional factors RandomResizedCrop produces (its
+fractional path is scalar code: ~1 ms for a 375x500 -> 224x224 crop, more than the
+JPEG decode) and it is *further* from PIL (mean abs difference 0.62 vs 0.50 grey
+levels on photo-like images).  So an antialiased downscale here is:
+1. exact 2x box reductions (``INTER_LINEAR`` at exactly 2x, SIMD) of each axis while
+   it is >= 2x the target (a reduced-scale JPEG decode plays this role in the fused
+   path; an odd last row/column is dropped, i.e. <= 1 source pixel per halving);
+2. a 3-tap blur [a, 1-2a, a], a = (s^2 - 1) / 12 for the remaining factor s < 2, which
+   makes the total blur variance equal the triangle filter's s^2 / 6;
+3. the mode's OpenCV filter: ``INTER_LINEAR`` (bilinear), ``INTER_CUBIC`` (bicubic,
+   a=-0.75 vs PIL's -0.5), ``INTER_LANCZOS4`` (lanczos); half-pixel centres as torchvision.
+Upscaling uses step 3 only.  ``antialias=False`` uses step 3 only, also when
+shrinking (like torchvision's tensor path).  ``box`` is ``INTER_AREA``; ``nearest``
+is ``INTER_NEAREST`` and ``nearest-exact`` ``INTER_NEAREST_EXACT``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .images import jpeg_info
+
+MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos")
+_UP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "box": cv2.INTER_AREA,
+       "lanczos": cv2.INTER_LANCZOS4}
+_NEAREST = {"nearest": cv2.INTER_NEAREST, "nearest-exact": cv2.INTER_NEAREST_EXACT}
+_WARP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "lanczos": cv2.INTER_LANCZOS4}
+#: Modes for which a reduced-scale (DCT-scaled, i.e. smoothed) decode is faithful.
+SMOOTH_MODES = frozenset(_UP)
+
+_IGNORE_ORIENTATION = getattr(cv2, "IMREAD_IGNORE_ORIENTATION", 128)
+_REDUCED_GRAY = {1: 0, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2, 4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
+                 8: cv2.IMREAD_REDUCED_GRAYSCALE_8}
+_REDUCED_BGR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
+                4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
+def interpolation_name(mode: Any) -> str:
+    """Normalise ``mode`` (a string or an object with a string ``.value`` such as
+    torchvision's ``InterpolationMode``) to one of :data:`MODES`."""
+    value = getattr(mode, "value", mode)
+    if isinstance(value, str) and value.lower() in MODES:
+        return value.lower()
+    raise ValueError(f"interpolation={mode!r} is not supported; use one of {', '.join(MODES)} "
+                     "(or the matching torchvision InterpolationMode)")
+
+
+@functools.lru_cache(maxsize=None)
+def _direct_rgb() -> bool:
+    """True if this OpenCV decodes (also at reduced scale) straight to RGB.
+
+    ``IMREAD_COLOR_RGB`` (OpenCV >= 4.10) combined with ``IMREAD_REDUCED_GRAYSCALE_k``
+    gives a reduced RGB decode (``IMREAD_REDUCED_COLOR_k`` already contains the BGR
+    bit, and BGR|RGB is rejected).  Probed once on a tiny JPEG.
+    """
+    if not hasattr(cv2, "IMREAD_COLOR_RGB"):
+        return False
+    probe = np.zeros((16, 16, 3), np.uint8)
+    probe[..., 2] = 255  # red in BGR
+    ok, buf = cv2.imencode(".jpg", probe)
+    try:
+        img = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB | _REDUCED_GRAY[2])
+    except cv2.error:
+        return False
+    return bool(ok and img is not None and img.shape == (8, 8, 3) and img[..., 0].min() > 200)
+
+
+def decode(buf: np.ndarray, k: int = 1) -> np.ndarray | None:
+    """Decode encoded bytes (uint8 array) to HWC uint8 RGB at scale 1/``k``.
+
+    EXIF orientation is ignored (as PIL, hence torchvision's default loader, does),
+    so the decoded size always matches the SOF header.  None if undecodable.
+    """
+    if buf.size == 0:
+        return None
+    if _direct_rgb():
+        return cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB | _REDUCED_GRAY[k] | _IGNORE_ORIENTATION)
+    img = cv2.imdecode(buf, _REDUCED_BGR[k] | _IGNORE_ORIENTATION)
+    return None if img is None else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def as_buffer(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
+    """A zero-copy uint8 view of encoded bytes."""
+    if isinstance(data, np.ndarray):
+        return data.reshape(-1).view(np.uint8)
+    return np.frombuffer(data, np.uint8)
+
+
+def resize(src: np.ndarray, out_h: int, out_w: int, mode: str, antialias: bool,
+           dst: np.ndarray | None = None) -> np.ndarray:
+    """Resize HWC (or HW) ``src`` to ``(out_h, out_w)``; see NOTE [ interpolation
+    equivalence ].  Writes into ``dst`` when given (and returns it)."""
+    sh, sw = src.shape[:2]
+    if (sh, sw) == (out_h, out_w):
+        if dst is None:
+            return src
+        np.copyto(dst, src.reshape(dst.shape))
+        return dst
+    if src.ndim == 3 and src.shape[2] == 1:  # OpenCV drops a single channel axis
+        res = resize(src[..., 0], out_h, out_w, mode, antialias,
+                     None if dst is None else dst[..., 0])
+        return res[..., None] if dst is None else dst
+    if mode in _NEAREST:
+        flag = _NEAREST[mode]
+    elif mode == "box":
+        flag = cv2.INTER_AREA
+    else:
+        flag = _UP[mode]
+        if antialias and (out_h < sh or out_w < sw):
+            src = _prefilter(_halve(src, out_h, out_w), out_h, out_w)
+    if dst is None:
+        return cv2.resize(src, (out_w, out_h), interpolation=flag)
+    return _check(cv2.resize(src, (out_w, out_h), dst=dst, interpolation=flag), dst)
+
+
+def _halve(src: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """Exact 2x box reductions of each axis while it is >= 2x the target.  (INTER_LINEAR
+    at exactly 2x averages pixel pairs; an odd last row/column is dropped.)"""
+    while True:
+        h, w = src.shape[:2]
+        hy, hx = h >= 2 * out_h, w >= 2 * out_w
+        if not (hy or hx):
+            return src
+        nh, nw = (h // 2 if hy else h), (w // 2 if hx else w)
+        src = cv2.resize(src[:2 * nh if hy else h, :2 * nw if hx else w], (nw, nh),
+                         interpolation=cv2.INTER_LINEAR)
+
+
+def _prefilter(src: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """3-tap [a, 1-2a, a] blur per shrinking axis (remaining factor s < 2), with
+    a = (s^2 - 1) / 12, so that blur + bilinear sampling has the variance (s^2 / 6) of
+    the triangle filter PIL/torchvision use for an antialiased bilinear downscale."""
+    sy, sx = src.shape[0] / out_h, src.shape[1] / out_w
+    if sy <= 1.05 and sx <= 1.05:  # nearly 1:1, bilinear alone is fine
+        return src
+    ay, ax = (max(s * s - 1.0, 0.0) / 12.0 for s in (sy, sx))
+    return cv2.sepFilter2D(src, -1, np.array([ax, 1 - 2 * ax, ax], np.float32),
+                           np.array([ay, 1 - 2 * ay, ay], np.float32),
+                           borderType=cv2.BORDER_REPLICATE)
+
+
+# ----------------------------------------------------------------------------- randomness
+
+_default_rng: np.random.Generator = np.random.default_rng()
+
+
+def seed_default(seed: int | None) -> None:
+    """Reseed this process's default generator (``None``: fresh OS entropy)."""
+    global _default_rng
+    _default_rng = np.random.default_rng(seed)
+
+
+def get_default_rng() -> np.random.Generator:
+    """The generator random transforms use when called with ``rng=None``."""
+    return _default_rng
+
+
+# ----------------------------------------------------------------------------- geometry
+
+def rrc_params(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
+               rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params``: (top, left, h, w); numpy RNG."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect_ratio = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(rng.integers(0, height - h + 1))
+            j = int(rng.integers(0, width - w + 1))
+            return i, j, h, w
+    in_ratio = float(width) / float(height)  # fallback: central crop
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def resized_size(height: int, width: int, size: tuple[int, ...] | None,
+                 max_size: int | None) -> tuple[int, int]:
+    """torchvision's ``_compute_resized_output_size``: the (h, w) ``Resize`` produces."""
+    if size is not None and len(size) == 2:
+        return size[0], size[1]
+    short, long = (width, height) if width <= height else (height, width)
+    if size is None:  # only max_size: the longer side becomes max_size
+        new_short, new_long = int(max_size * short / long), max_size
+    else:
+        new_short, new_long = size[0], int(size[0] * long / short)
+        if max_size is not None and new_long > max_size:
+            new_short, new_long = int(max_size * new_short / new_long), max_size
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def crop_offset(n: int, c: int) -> int:
+    """torchvision ``center_crop`` offset of a length-``c`` window on a length-``n``
+    axis; negative means the axis is zero-padded by that many pixels before it."""
+    if c > n:
+        return -((c - n) // 2)
+    return int(round((n - c) / 2.0))
+
+
+@dataclass(frozen=True)
+class Window:
+    """Source box (full-resolution pixel coordinates, floats) that maps onto the
+    output region ``out[oy0:oy1, ox0:ox1]``; the rest of the output is padding (0)."""
+
+    y0: float
+    x0: float
+    y1: float
+    x1: float
+    oy0: int
+    ox0: int
+    oy1: int
+    ox1: int
+
+
+@dataclass(frozen=True)
+class RRCGeometry:
+    """RandomResizedCrop: a random box resized to the whole output."""
+
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+
+    def window(self, height: int, width: int, out_hw: tuple[int, int],
+               rng: np.random.Generator) -> Window:
+        i, j, h, w = rrc_params(height, width, self.scale, self.ratio, rng)
+        return Window(i, j, i + h, j + w, 0, 0, out_hw[0], out_hw[1])
+
+
+@dataclass(frozen=True)
+class ResizeCropGeometry:
+    """Resize(size, max_size) followed by CenterCrop(out_hw) (padding if needed)."""
+
+    size: tuple[int, ...] | None
+    max_size: int | None
+
+    def window(self, height: int, width: int, out_hw: tuple[int, int],
+               rng: np.random.Generator) -> Window:
+        nh, nw = resized_size(height, width, self.size, self.max_size)
+        (ry0, ry1, oy0, oy1), (rx0, rx1, ox0, ox1) = (
+            _axis(nh, out_hw[0]), _axis(nw, out_hw[1]))
+        sy, sx = height / nh, width / nw
+        return Window(ry0 * sy, rx0 * sx, ry1 * sy, rx1 * sx, oy0, ox0, oy1, ox1)
+
+
+def _axis(n: int, c: int) -> tuple[int, int, int, int]:
+    off = crop_offset(n, c)
+    r0, r1 = max(off, 0), min(off + c, n)
+    return r0, r1, r0 - off, r1 - off
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """What :class:`FusedPipeline` does for one image (see :meth:`FusedPipeline.plan`)."""
+
+    height: int
+    width: int
+    window: Window
+    flip: bool
+    k: int  # decode scale denominator (1 = full resolution)
+
+
+class FusedPipeline:
+    """Decode encoded JPEG bytes and write one finished sample into ``out``.
+
+    Built by :func:`seqloader.transforms.compile_fused`; ``out_shape``/``out_dtype``
+    describe what ``__call__`` writes: ``(3, H, W) float32`` (ToTensor+Normalize
+    applied) or ``(H, W, 3) uint8`` (channels-last, normalise on the device).
+
+    Picklable (scratch buffers are per thread and not pickled), thread-safe and
+    reentrant across threads; one instance may serve a whole worker process.
+    """
+
+    def __init__(self, geometry: RRCGeometry | ResizeCropGeometry, out_hw: tuple[int, int], *,
+                 mode: str, antialias: bool, flip_p: float | None, to_tensor: bool,
+                 mean: tuple[float, ...] | None, std: tuple[float, ...] | None,
+                 output: str = "float", reduced_decode: bool = True) -> None:
+        self.geometry, self.out_hw = geometry, (int(out_hw[0]), int(out_hw[1]))
+        self.mode, self.antialias, self.flip_p = mode, antialias, flip_p
+        self.to_tensor, self.mean, self.std = to_tensor, mean, std
+        to_float = self.to_float = to_tensor and output == "float"
+        self.reduced_decode = bool(reduced_decode)
+        h, w = self.out_hw
+        self.out_shape = (3, h, w) if to_float else (h, w, 3)
+        self.out_dtype = np.dtype(np.float32 if to_float else np.uint8)
+        self._lut = _make_lut(mean, std) if to_float else None
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_local"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return (f"FusedPipeline({self.geometry!r}, out_shape={self.out_shape}, "
+                f"out_dtype={self.out_dtype}, flip_p={self.flip_p}, mode={self.mode!r}, "
+                f"reduced_decode={self.reduced_decode})")
+
+    def device_normalize(self) -> Any:
+        """For uint8 output of a recipe with ToTensor: the
+        :class:`~seqloader.transforms.DeviceNormalize` that finishes it on the device
+        (Normalize's mean/std, or 0/1 for a bare ToTensor); None otherwise."""
+        if self.to_float or not self.to_tensor:
+            return None
+        from .transforms import DeviceNormalize
+
+        mean = np.broadcast_to(self.mean if self.mean is not None else 0.0, (3,))
+        std = np.broadcast_to(self.std if self.std is not None else 1.0, (3,))
+        return DeviceNormalize(mean.tolist(), std.tolist())
+
+    @property
+    def can_reduce(self) -> bool:
+        """Whether reduced-scale decoding may be used at all (smooth antialiased modes)."""
+        return self.reduced_decode and self.antialias and self.mode in SMOOTH_MODES
+
+    def plan(self, height: int, width: int, rng: np.random.Generator,
+             jpeg: bool = True) -> FusedPlan:
+        """Sample the crop box and flip for a ``height x width`` source (consuming ``rng``
+        exactly as the unfused transforms do) and pick the decode scale."""
+        win = self.geometry.window(height, width, self.out_hw, rng)
+        flip = bool(rng.random() < self.flip_p) if self.flip_p is not None else False
+        k = 1
+        if jpeg and self.can_reduce:
+            bw, bh = win.x1 - win.x0, win.y1 - win.y0
+            ow, oh = win.ox1 - win.ox0, win.oy1 - win.oy0
+            for cand in (8, 4, 2):
+                if bw >= cand * ow and bh >= cand * oh:
+                    k = cand
+                    break
+        return FusedPlan(height, width, win, flip, k)
+
+    def __call__(self, data: bytes | memoryview | np.ndarray, out: np.ndarray,
+                 rng: np.random.Generator | None = None) -> None:
+        """Decode ``data`` and write the sample into ``out`` (shape ``out_shape``,
+        dtype ``out_dtype``).  ``rng`` None uses the module default generator.
+        Raises ValueError if ``out`` does not match or the bytes cannot be decoded."""
+        if out.shape != self.out_shape or out.dtype != self.out_dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; this pipeline "
+                             f"writes {self.out_shape} {self.out_dtype}")
+        if rng is None:
+            rng = get_default_rng()
+        buf = as_buffer(data)
+        info = jpeg_info(memoryview(buf)) if buf.size else None
+        if info is None:  # not a JPEG (or no SOF found): decode first, then plan
+            img = decode(buf)
+            if img is None:
+                raise ValueError(f"cannot decode image ({buf.size} bytes)")
+            p = self.plan(img.shape[0], img.shape[1], rng, jpeg=False)
+        else:
+            p = self.plan(info[0], info[1], rng)
+            img = decode(buf, p.k)
+            if img is None:
+                raise ValueError(f"cannot decode JPEG ({buf.size} bytes, header {info})")
+        self._render(img, p, out)
+
+    def _render(self, img: np.ndarray, p: FusedPlan, out: np.ndarray) -> None:
+        win, oh, ow = p.window, self.out_hw[0], self.out_hw[1]
+        dh, dw = img.shape[:2]
+        # decoded-pixel coordinates: exact 1/k for a reduced decode; proportional if the
+        # decoder disagrees with the header (never seen, but cheap to survive)
+        if (dh, dw) == (-(-p.height // p.k), -(-p.width // p.k)):
+            fy = fx = 1.0 / p.k
+        else:
+            fy, fx = dh / p.height, dw / p.width
+        box = (win.y0 * fy, win.x0 * fx, win.y1 * fy, win.x1 * fx)
+        local = self._local
+        padded = (win.oy0, win.ox0, win.oy1, win.ox1) != (0, 0, oh, ow)
+        direct = not (self.to_float or p.flip or padded)
+        canvas = out if direct else _scratch(local, "canvas", (oh, ow, 3))
+        if padded:
+            canvas.fill(0)
+        dst = canvas[win.oy0:win.oy1, win.ox0:win.ox1] if padded else canvas
+        rh, rw = dst.shape[:2]
+        if (self.mode in _WARP and rh >= box[2] - box[0] and rw >= box[3] - box[1]
+                and not all(float(v).is_integer() for v in box)):
+            # upscaling a fractional box (Resize + CenterCrop): sample it exactly, with
+            # the same pixel-centre mapping (and border clamp) as resizing the whole image
+            sy, sx = (box[2] - box[0]) / rh, (box[3] - box[1]) / rw
+            m = np.array([[sx, 0, box[1] + 0.5 * sx - 0.5], [0, sy, box[0] + 0.5 * sy - 0.5]])
+            _check(cv2.warpAffine(img, m, (rw, rh), dst=dst, borderMode=cv2.BORDER_REPLICATE,
+                                  flags=_WARP[self.mode] | cv2.WARP_INVERSE_MAP), dst)
+        else:
+            y0, y1 = _span(box[0], box[2], dh)
+            x0, x1 = _span(box[1], box[3], dw)
+            resize(img[y0:y1, x0:x1], rh, rw, self.mode, self.antialias, dst=dst)
+        if not self.to_float:
+            if p.flip:
+                _check(cv2.flip(canvas, 1, dst=out), out)
+            elif not direct:
+                np.copyto(out, canvas)
+            return
+        if p.flip:
+            flipped = _scratch(local, "flipped", (oh, ow, 3))
+            canvas = _check(cv2.flip(canvas, 1, dst=flipped), flipped)
+        planes = cv2.split(canvas)
+        for c in range(3):  # uint8 -> float32 (x/255 - mean)/std, one table lookup per pixel
+            dst = out[c]
+            _check(cv2.LUT(planes[c], self._lut[c], dst=dst), dst)
+
+
+def _span(a: float, b: float, n: int) -> tuple[int, int]:
+    """Round a float interval to whole pixels inside [0, n), at least one pixel long."""
+    lo = min(max(int(math.floor(a + 0.5)), 0), n - 1)
+    hi = min(max(int(math.floor(b + 0.5)), lo + 1), n)
+    return lo, hi
+
+
+def _scratch(local: threading.local, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    arr = getattr(local, name, None)
+    if arr is None or arr.shape != shape:
+        arr = np.empty(shape, np.uint8)
+        setattr(local, name, arr)
+    return arr
+
+
+def _check(res: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    if res is not dst:  # OpenCV reallocated instead of writing in place
+        np.copyto(dst, res.reshape(dst.shape))
+    return dst
+
+
+def _make_lut(mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> list[np.ndarray]:
+    """Per-channel 256-entry float32 tables, computed exactly as ToTensor + Normalize do
+    (float32 ``x / 255``, then ``(x - mean) / std`` in float32), so results are bit-equal."""
+    x = np.arange(256, dtype=np.float32) / np.float32(255)
+    mean3 = np.broadcast_to(np.asarray(mean if mean is not None else 0.0, np.float32), (3,))
+    std3 = np.broadcast_to(np.asarray(std if std is not None else 1.0, np.float32), (3,))
+    tables = []
+    for c in range(3):
+        t = x if mean is None else (x - mean3[c]) / std3[c]
+        tables.append(np.ascontiguousarray(t, np.float32).reshape(1, 256))
+    return tables

@@ -1,0 +1,109 @@
+"""The reader side of an epoch: walk the rank's ranges, shuffle locally, cut batches.
+
+NOTE [ one reader per rank ]
+Each rank has exactly one reader, which walks its slice of the file in order and
+hands encoded records to the decode workers; workers never touch the disk.
+Measured under hddsim (a 2 GB LMDB, 100 IO/s, 150 MiB/s; README "Sequential I/O"):
+one sequential reader reaches ~98 % of the disk's bandwidth, while 2 and 4 workers
+each reading their own interleaved batches got 80 % and 65 % -- every reader's
+stream restarts the kernel's readahead and costs extra requests (and, on a real
+disk, seeks).  A single reader also gives a *rank-wide* shuffle buffer (better
+mixing than one small buffer per worker) and an order that does not depend on
+the number of workers.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .database import Database
+from .plan import EpochPlan
+from .reader import RangeReader
+from .shuffle import ShuffleBuffer
+
+__all__ = ["Feeder", "shuffle_rng", "PositionMap"]
+
+Batch = list[tuple[int, memoryview]]
+
+
+def shuffle_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
+    """The local-shuffle generator of one (seed, epoch, rank)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, epoch, rank, 1]))
+
+
+class PositionMap:
+    """Stream position -> global record index, for a list of ranges."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]]):
+        self.starts = np.cumsum([0] + [b - a for a, b in ranges])
+        self.firsts = np.asarray([a for a, _ in ranges] or [0])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __call__(self, p: int) -> int:
+        i = int(np.searchsorted(self.starts, p, side="right")) - 1
+        return int(self.firsts[i] + p - self.starts[i])
+
+
+def skip_ranges(ranges: Sequence[tuple[int, int]], skip: int) -> list[tuple[int, int]]:
+    """``ranges`` without their first ``skip`` records."""
+    out = []
+    for a, b in ranges:
+        if skip >= b - a:
+            skip -= b - a
+            continue
+        out.append((a + skip, b))
+        skip = 0
+    return out
+
+
+class Feeder:
+    """Reads batches of encoded records for a rank.  Create anywhere; use in one process
+    (and one thread at a time): it opens LMDB on first use."""
+
+    def __init__(self, db: Database, *, seed: int, rank: int, shuffle: bool, cache: int,
+                 warmup: int, prefetch_bytes: int = 64 << 20):
+        self.db, self.seed, self.rank = db, seed, rank
+        self.shuffle, self.cache, self.warmup = shuffle, cache, warmup
+        self.reader = RangeReader(db, prefetch_bytes=prefetch_bytes)
+
+    def records(self, epoch: int, ranges: Sequence[tuple[int, int]], skip: int = 0
+                ) -> Iterator[tuple[int, memoryview]]:
+        """The stream in output (shuffled) order, minus the first ``skip`` outputs, which
+        are skipped on positions only (see NOTE [ local shuffle ])."""
+        if not self.shuffle:
+            yield from self.reader.read(skip_ranges(ranges, skip))
+            return
+        index_of = PositionMap(ranges)
+        n = len(index_of)
+        buf: ShuffleBuffer[int] = ShuffleBuffer(self.cache, shuffle_rng(self.seed, epoch, self.rank),
+                                                warmup=self.warmup)
+        emitted = pos = 0
+        while emitted < skip and pos < n:  # fast-forward on positions, no I/O
+            emitted += len(buf.push(pos))
+            pos += 1
+        drain = buf.drain()
+        while emitted < skip:
+            next(drain)
+            emitted += 1
+        held = {p: self.reader.get(index_of(p)) for p in buf.items}  # the buffer at `skip`
+        stream = self.reader.read(skip_ranges(ranges, pos))
+        for p in range(pos, n):
+            held[p] = next(stream)[1]
+            for out in buf.push(p):
+                yield index_of(out), held.pop(out)
+        for out in buf.drain():
+            yield index_of(out), held.pop(out)
+
+    def batches(self, plan: EpochPlan, first: int = 0) -> Iterator[tuple[int, Batch]]:
+        """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
+        Values are zero-copy views, valid until :meth:`close`."""
+        sizes = plan.batch_sizes
+        records = self.records(plan.epoch, plan.ranges, sum(sizes[:first]))
+        for j in range(first, len(sizes)):
+            yield j, [next(records) for _ in range(sizes[j])]
+
+    def close(self) -> None:
+        self.reader.close()

@@ -1,0 +1,493 @@
+"""seqloader.transforms: torchvision semantics, determinism, pickling, fused fast path."""
+from __future__ import annotations
+
+import math
+import pickle
+
+import cv2
+import numpy as np
+import pytest
+
+import seqloader.transforms as T
+from seqloader.transforms import (CenterCrop, Compose, DeviceNormalize, Normalize,
+                                  RandomHorizontalFlip, RandomResizedCrop, Resize, ToTensor,
+                                  adapt, compile_fused, decode_rgb)
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def smooth_rgb(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A smooth photo-like RGB image with a few sharp shapes."""
+    rng = np.random.default_rng(seed)
+    img = np.zeros((h, w, 3), np.float32)
+    for octave, amp in ((4, 70), (16, 30), (48, 12)):
+        noise = rng.standard_normal((octave, octave, 3)).astype(np.float32)
+        img += cv2.resize(noise, (w, h), interpolation=cv2.INTER_CUBIC) * amp
+    img = np.clip(img + 128, 0, 255).astype(np.uint8)
+    for _ in range(3):
+        c = (int(rng.integers(w)), int(rng.integers(h)))
+        cv2.circle(img, c, int(rng.integers(5, max(6, min(h, w) // 4))),
+                   [int(v) for v in rng.integers(0, 255, 3)], -1, cv2.LINE_AA)
+    return img
+
+
+def jpeg(img_rgb: np.ndarray, quality: int = 92) -> bytes:
+    bgr = img_rgb if img_rgb.ndim == 2 else cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return buf.tobytes()
+
+
+# (h, w, gray): ImageNet-typical, portrait, large photo, gray, small (upscaling)
+SHAPES = [(375, 500, False), (500, 375, False), (900, 1200, False), (300, 400, True),
+          (120, 90, False)]
+
+
+@pytest.fixture(scope="module")
+def jpegs() -> list[bytes]:
+    out = []
+    for n, (h, w, gray) in enumerate(SHAPES):
+        img = smooth_rgb(h, w, seed=n)
+        out.append(jpeg(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY) if gray else img))
+    return out
+
+
+def train_recipe(**kw) -> Compose:
+    return Compose([RandomResizedCrop(224, **kw), RandomHorizontalFlip(), ToTensor(),
+                    Normalize(MEAN, STD)])
+
+
+def val_recipe(resize: int = 256, crop: int = 224, norm: bool = True) -> Compose:
+    tail = [ToTensor(), Normalize(MEAN, STD)] if norm else []
+    return Compose([Resize(resize), CenterCrop(crop)] + tail)
+
+
+# ------------------------------------------------------------------ single transforms
+
+def test_decode_rgb_order_and_gray():
+    img = np.zeros((32, 48, 3), np.uint8)
+    img[..., 0] = 200  # red in RGB
+    out = decode_rgb(jpeg(img))
+    assert out.shape == (32, 48, 3) and out[..., 0].mean() > 190 and out[..., 2].mean() < 10
+    gray = decode_rgb(memoryview(jpeg(smooth_rgb(40, 30)[..., 1])))
+    assert gray.shape == (40, 30, 3)
+    assert np.array_equal(gray[..., 0], gray[..., 1]) and np.array_equal(gray[..., 0], gray[..., 2])
+    with pytest.raises(ValueError, match="cannot decode"):
+        decode_rgb(b"not an image")
+
+
+@pytest.mark.parametrize("hw,size,max_size,expected", [
+    ((375, 500), 256, None, (256, 341)), ((500, 375), 256, None, (341, 256)),
+    ((100, 100), 64, None, (64, 64)), ((375, 500), [256], None, (256, 341)),
+    ((375, 500), (100, 50), None, (100, 50)), ((100, 1000), 64, 300, (30, 300)),
+    ((375, 500), None, 200, (150, 200)), ((333, 500), 224, None, (224, 336)),
+])
+def test_resize_sizes(hw, size, max_size, expected):
+    img = smooth_rgb(*hw)
+    assert Resize(size, max_size=max_size)(img).shape == expected + (3,)
+
+
+def test_resize_values_match_numpy_reference():
+    img = smooth_rgb(64, 96)
+    down = Resize((32, 48))(img)  # antialiased 2x downscale == 2x2 box mean
+    ref = img.reshape(32, 2, 48, 2, 3).astype(np.float64).mean(axis=(1, 3))
+    assert np.abs(down - ref).max() <= 1
+    up = Resize((128, 192), antialias=False)(img)
+    assert np.array_equal(up, cv2.resize(img, (192, 128), interpolation=cv2.INTER_LINEAR))
+    assert Resize(64)(img) is img  # already the right size: returned as is
+    mixed = Resize((32, 200))(img)  # shrink rows, grow columns
+    assert mixed.shape == (32, 200, 3) and abs(float(mixed.mean()) - float(img.mean())) < 2
+    chw = Resize(32)(ToTensor()(img))
+    assert chw.shape == (3, 32, 48) and chw.dtype == np.float32
+
+
+def _tv_center_crop(img: np.ndarray, ch: int, cw: int) -> np.ndarray:
+    """torchvision.transforms.functional.center_crop, transcribed."""
+    h, w = img.shape[:2]
+    if cw > w or ch > h:
+        left, top = ((cw - w) // 2 if cw > w else 0), ((ch - h) // 2 if ch > h else 0)
+        right, bottom = ((cw - w + 1) // 2 if cw > w else 0), ((ch - h + 1) // 2 if ch > h else 0)
+        img = np.pad(img, ((top, bottom), (left, right), (0, 0)))
+        h, w = img.shape[:2]
+        if (h, w) == (ch, cw):
+            return img
+    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+    return img[top:top + ch, left:left + cw]
+
+
+@pytest.mark.parametrize("hw,size", [((10, 10), 3), ((9, 9), 4), ((11, 8), (5, 7)),
+                                     ((5, 7), (8, 4)), ((5, 7), (9, 12)), ((4, 4), 4),
+                                     ((375, 500), 224)])
+def test_center_crop_rounding_and_padding(hw, size):
+    img = np.random.default_rng(0).integers(1, 255, hw + (3,), dtype=np.uint8)
+    ch, cw = (size, size) if isinstance(size, int) else size
+    assert np.array_equal(CenterCrop(size)(img), _tv_center_crop(img, ch, cw))
+
+
+def test_flip():
+    img = smooth_rgb(20, 30)
+    rng = np.random.default_rng(0)
+    assert np.array_equal(RandomHorizontalFlip(1.0)(img, rng), img[:, ::-1])
+    assert RandomHorizontalFlip(0.0)(img, rng) is img
+    chw = ToTensor()(img)
+    assert np.array_equal(RandomHorizontalFlip(1.0)(chw, rng), chw[:, :, ::-1])
+    flips = [RandomHorizontalFlip(0.3)(img, rng) is not img for _ in range(2000)]
+    assert 0.25 < np.mean(flips) < 0.35
+
+
+def test_to_tensor_and_normalize():
+    img = smooth_rgb(20, 30)
+    x = ToTensor()(img)
+    assert x.shape == (3, 20, 30) and x.dtype == np.float32 and 0 <= x.min() and x.max() <= 1
+    assert np.array_equal(x, img.transpose(2, 0, 1).astype(np.float32) / np.float32(255))
+    assert ToTensor()(img[..., 0]).shape == (1, 20, 30)
+    y = Normalize(MEAN, STD)(x)
+    ref = (x - np.float32(MEAN).reshape(3, 1, 1)) / np.float32(STD).reshape(3, 1, 1)
+    assert y is not x and np.allclose(y, ref, atol=1e-6)
+    z = x.copy()
+    assert Normalize(MEAN, STD, inplace=True)(z) is z and np.allclose(z, ref, atol=1e-6)
+    with pytest.raises(TypeError, match="ToTensor"):
+        Normalize(MEAN, STD)(img)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Resize(0), lambda: Resize(-3), lambda: CenterCrop((0, 3)), lambda: Resize(None),
+    lambda: Resize((10, 20), max_size=30), lambda: Resize(256, max_size=200),
+    lambda: RandomResizedCrop(224, scale=(0.9, 0.1)), lambda: RandomResizedCrop(224, ratio=(0, 1)),
+    lambda: RandomHorizontalFlip(1.5), lambda: Normalize(MEAN, (1.0, 0.0, 1.0)),
+    lambda: Resize(10, interpolation="hamming"),
+    lambda: compile_fused(train_recipe(), output="f16"),
+])
+def test_bad_arguments_raise_valueerror(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_interpolation_accepts_enum_like_values():
+    class Mode:
+        value = "bicubic"
+    assert RandomResizedCrop(8, interpolation=Mode()).interpolation == "bicubic"
+    assert Resize(8, interpolation="NEAREST").interpolation == "nearest"
+
+
+# ------------------------------------------------------------------ RandomResizedCrop
+
+def _tv_rrc_params(h, w, scale, ratio, rng):
+    """torchvision RandomResizedCrop.get_params, transcribed (torch RNG -> numpy)."""
+    area = h * w
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        cw = int(round(math.sqrt(target_area * aspect)))
+        chh = int(round(math.sqrt(target_area / aspect)))
+        if 0 < cw <= w and 0 < chh <= h:
+            return int(rng.integers(0, h - chh + 1)), int(rng.integers(0, w - cw + 1)), chh, cw
+    in_ratio = w / h
+    if in_ratio < min(ratio):
+        cw, chh = w, int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        chh, cw = h, int(round(h * max(ratio)))
+    else:
+        cw, chh = w, h
+    return (h - chh) // 2, (w - cw) // 2, chh, cw
+
+
+@pytest.mark.parametrize("hw", [(375, 500), (500, 375), (50, 1000), (1000, 40), (7, 9)])
+def test_rrc_params_follow_torchvision(hw):
+    scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
+    for seed in range(200):
+        got = RandomResizedCrop.get_params(hw, scale, ratio, np.random.default_rng(seed))
+        assert got == _tv_rrc_params(*hw, scale, ratio, np.random.default_rng(seed))
+        i, j, h, w = got
+        assert 0 <= i and 0 <= j and i + h <= hw[0] and j + w <= hw[1] and h > 0 and w > 0
+        if hw == (375, 500):  # never falls back here: bounds hold up to rounding
+            assert 0.08 * 0.97 <= h * w / (375 * 500) <= 1.0
+            assert 3 / 4 * 0.97 <= w / h <= 4 / 3 * 1.03
+
+
+def test_rrc_fallback_is_central_crop():
+    rng = np.random.default_rng(0)
+    assert RandomResizedCrop.get_params((100, 1000), (2.0, 3.0), (3 / 4, 4 / 3), rng) == \
+        (0, (1000 - 133) // 2, 100, 133)
+    assert RandomResizedCrop.get_params((300, 300), (2.0, 3.0), (3 / 4, 4 / 3), rng) == \
+        (0, 0, 300, 300)
+
+
+def test_rrc_output_and_reproducibility():
+    img = smooth_rgb(375, 500)
+    t = RandomResizedCrop((100, 120))
+    a = t(img, np.random.default_rng(5))
+    assert a.shape == (100, 120, 3) and a.dtype == np.uint8
+    assert np.array_equal(a, t(img, np.random.default_rng(5)))
+    i, j, h, w = t.get_params(img, t.scale, t.ratio, np.random.default_rng(5))
+    assert np.array_equal(a, Resize((100, 120))(img[i:i + h, j:j + w]))
+
+
+# ------------------------------------------------------------------ Compose, pickling
+
+class _Recorder:
+    accepts_rng = True
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, img, rng=None):
+        self.seen.append(rng)
+        return img
+
+
+def test_compose_passes_rng_and_is_deterministic():
+    rec, plain = _Recorder(), []
+    t = Compose([rec, lambda im: plain.append(1) or im])
+    rng = np.random.default_rng(0)
+    t(np.zeros((4, 4, 3), np.uint8), rng)
+    assert rec.seen == [rng] and plain == [1]
+    img, recipe = smooth_rgb(375, 500), train_recipe()
+    a = recipe(img, np.random.default_rng(1))
+    assert np.array_equal(a, recipe(img, np.random.default_rng(1)))
+    assert not np.array_equal(a, recipe(img, np.random.default_rng(2)))
+    T.seed_default(3)
+    b = recipe(img)
+    T.seed_default(3)
+    assert np.array_equal(b, recipe(img))
+    T.seed_default(None)
+
+
+def test_pickle_round_trip(jpegs):
+    img = smooth_rgb(375, 500)
+    fused = compile_fused(train_recipe())
+    out = np.empty(fused.out_shape, fused.out_dtype)
+    fused(jpegs[0], out, np.random.default_rng(0))  # scratch buffers exist now
+    for obj in [train_recipe(), val_recipe(), Resize(100, max_size=200), CenterCrop(5),
+                DeviceNormalize(MEAN, STD), fused, adapt(np.fliplr)]:
+        clone = pickle.loads(pickle.dumps(obj))
+        assert repr(clone) == repr(obj)
+    clone = pickle.loads(pickle.dumps(train_recipe()))
+    assert np.array_equal(clone(img, np.random.default_rng(4)),
+                          train_recipe()(img, np.random.default_rng(4)))
+    out2 = np.empty_like(out)
+    pickle.loads(pickle.dumps(fused))(jpegs[0], out2, np.random.default_rng(0))
+    assert np.array_equal(out, out2)
+
+
+# ------------------------------------------------------------------ fused fast path
+
+def _run(pipe, data, seed):
+    out = np.empty(pipe.out_shape, pipe.out_dtype)
+    pipe(data, out, np.random.default_rng(seed))
+    return out
+
+
+def test_compile_fused_recognises_only_standard_recipes():
+    assert compile_fused(train_recipe()).out_shape == (3, 224, 224)
+    assert compile_fused(train_recipe(), output="uint8").out_shape == (224, 224, 3)
+    assert compile_fused(val_recipe()).out_dtype == np.float32
+    u8 = compile_fused(Compose([RandomResizedCrop((160, 128))]))
+    assert u8.out_shape == (160, 128, 3) and u8.out_dtype == np.uint8
+    assert compile_fused(Compose([RandomResizedCrop(8), ToTensor()])).device_normalize() is None
+    for other in [Compose([CenterCrop(224), ToTensor()]), RandomResizedCrop(224),
+                  Compose([RandomResizedCrop(224), ToTensor(), RandomHorizontalFlip()]),
+                  Compose([RandomResizedCrop(224), Normalize(MEAN, STD)]),
+                  Compose([Resize(256), ToTensor()]), Compose([]), lambda img: img]:
+        assert compile_fused(other) is None
+
+
+@pytest.mark.parametrize("kind", ["train", "val", "val_small"])
+def test_fused_matches_unfused(jpegs, kind):
+    recipe = {"train": train_recipe(), "val": val_recipe(),
+              "val_small": val_recipe(128, 112)}[kind]
+    pipe = compile_fused(recipe)
+    diffs = {1: [], 2: []}
+    for data in jpegs:
+        img = decode_rgb(data)
+        h, w, _ = img.shape
+        for seed in range(8):
+            plan = pipe.plan(h, w, np.random.default_rng(seed))
+            if kind == "train":  # identical crop box and flip for the same rng state
+                rng = np.random.default_rng(seed)
+                i, j, ch, cw = RandomResizedCrop.get_params((h, w), (0.08, 1.0), (3 / 4, 4 / 3),
+                                                            rng)
+                win = plan.window
+                assert (win.y0, win.x0, win.y1 - win.y0, win.x1 - win.x0) == (i, j, ch, cw)
+                assert plan.flip == (rng.random() < 0.5)
+            fused = _run(pipe, data, seed)
+            ref = recipe(img, np.random.default_rng(seed))
+            assert fused.shape == ref.shape and fused.dtype == ref.dtype
+            diffs[1 if plan.k == 1 else 2].append(float(np.abs(fused - ref).mean()))
+            if kind == "train" and plan.k == 1:
+                assert np.array_equal(fused, ref)  # same pixels in, same arithmetic
+    # units: normalised (1 grey level ~ 0.017); full decode differs only by crop rounding
+    assert diffs[1] and max(diffs[1]) < 0.03
+    if diffs[2]:
+        assert max(diffs[2]) < 0.06 and np.mean(diffs[2]) < 0.04
+
+
+def test_reduced_decode_used_only_when_allowed(jpegs):
+    big, small = jpegs[2], jpegs[0]  # 1200x900, 500x375
+    rng = np.random.default_rng
+    assert compile_fused(val_recipe(128, 112)).plan(900, 1200, rng(0)).k == 4
+    assert compile_fused(val_recipe(128, 112), reduced_decode=False).plan(900, 1200, rng(0)).k == 1
+    for recipe in (val_recipe(), train_recipe()):
+        pipe = compile_fused(recipe)
+        assert all(pipe.plan(375, 500, rng(s)).k == 1 for s in range(100))
+    pipe = compile_fused(train_recipe())
+    ks = [pipe.plan(900, 1200, rng(s)) for s in range(300)]
+    assert any(p.k == 2 for p in ks)
+    for p in ks:  # never lowers the output resolution
+        w = p.window
+        assert w.x1 - w.x0 >= p.k * 224 and w.y1 - w.y0 >= p.k * 224
+    no_aa = compile_fused(train_recipe(antialias=False))
+    assert all(no_aa.plan(900, 1200, rng(s)).k == 1 for s in range(50))
+    # reduced decode changes the pixels only slightly
+    red, full = compile_fused(val_recipe(128, 112)), compile_fused(val_recipe(128, 112),
+                                                                   reduced_decode=False)
+    assert np.abs(_run(red, big, 0) - _run(full, big, 0)).mean() < 0.05
+    red, full = compile_fused(val_recipe()), compile_fused(val_recipe(), reduced_decode=False)
+    assert np.array_equal(_run(red, small, 0), _run(full, small, 0))
+
+
+def test_uint8_output_equals_float_before_normalisation(jpegs):
+    f32 = compile_fused(train_recipe())
+    u8 = compile_fused(train_recipe(), output="uint8")
+    dn = u8.device_normalize()
+    assert isinstance(dn, DeviceNormalize) and dn.mean == MEAN
+    for data in jpegs:
+        for seed in range(3):
+            a, b = _run(u8, data, seed), _run(f32, data, seed)
+            assert np.array_equal(Normalize(MEAN, STD)(ToTensor()(a)), b)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bicubic", "box", "lanczos"])
+def test_fused_other_interpolations(jpegs, mode):
+    recipe = Compose([RandomResizedCrop(160, interpolation=mode), RandomHorizontalFlip()])
+    assert compile_fused(recipe).can_reduce == (mode not in ("nearest", "nearest-exact"))
+    pipe = compile_fused(recipe, reduced_decode=False)
+    img = decode_rgb(jpegs[0])
+    for seed in range(4):  # full decode: exactly the unfused pixels
+        assert np.array_equal(_run(pipe, jpegs[0], seed), recipe(img, np.random.default_rng(seed)))
+
+
+def test_exif_orientation_is_ignored():
+    from PIL import Image
+    import io
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW" - PIL (torchvision's loader) does not apply it
+    buf = io.BytesIO()
+    Image.fromarray(smooth_rgb(60, 100)).save(buf, "JPEG", exif=exif.tobytes())
+    assert decode_rgb(buf.getvalue()).shape == (60, 100, 3)
+    pipe = compile_fused(Compose([Resize(30), CenterCrop(30)]))
+    assert _run(pipe, buf.getvalue(), 0).shape == (30, 30, 3)
+
+
+def test_fused_is_thread_safe(jpegs):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pipe = compile_fused(train_recipe())
+    jobs = [(data, seed) for seed in range(4) for data in jpegs]
+    expected = [_run(pipe, data, seed) for data, seed in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda job: _run(pipe, *job), jobs))
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_fused_gray_padding_png_and_errors(jpegs):
+    gray = _run(compile_fused(train_recipe(), output="uint8"), jpegs[3], 0)
+    assert np.array_equal(gray[..., 0], gray[..., 1]) and np.array_equal(gray[..., 1], gray[..., 2])
+    # Resize(100) -> 100x133, CenterCrop(128) pads rows; flip p=1 mirrors the padded image
+    recipe = Compose([Resize(100), CenterCrop(128), RandomHorizontalFlip(1.0), ToTensor(),
+                      Normalize(MEAN, STD)])
+    pipe = compile_fused(recipe)
+    img = decode_rgb(jpegs[0])
+    ref, got = recipe(img, np.random.default_rng(0)), _run(pipe, memoryview(jpegs[0]), 0)
+    assert np.array_equal(got[:, :14], ref[:, :14])  # zero padding, normalised
+    assert np.abs(got - ref).mean() < 0.03
+    ok, png = cv2.imencode(".png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    u8 = compile_fused(train_recipe(), output="uint8")
+    assert np.array_equal(_run(u8, png.tobytes(), 1), _run(u8, jpegs[0], 1))
+    with pytest.raises(ValueError, match="cannot decode"):
+        _run(u8, b"garbage", 0)
+    with pytest.raises(ValueError, match="shape"):
+        u8(jpegs[0], np.empty((3, 224, 224), np.float32), np.random.default_rng(0))
+
+
+# ------------------------------------------------------------------ device, interop
+
+def test_device_normalize_cpu_equals_normalize():
+    torch = pytest.importorskip("torch")
+    imgs = [smooth_rgb(24, 32, seed=s) for s in range(3)]
+    batch = torch.from_numpy(np.stack(imgs))
+    out = DeviceNormalize(MEAN, STD)(batch)
+    assert out.shape == (3, 3, 24, 32) and out.dtype == torch.float32
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    ref = np.stack([Normalize(MEAN, STD)(ToTensor()(im)) for im in imgs])
+    assert np.allclose(out.numpy(), ref, atol=1e-5)
+    assert torch.equal(pickle.loads(pickle.dumps(DeviceNormalize(MEAN, STD)))(batch), out)
+
+
+class FakeTV:
+    """Looks like a torchvision transform to ``adapt`` (module name only)."""
+
+    def __init__(self, result="pil"):
+        self.result = result
+
+    def __call__(self, img):
+        from PIL import Image
+        assert isinstance(img, Image.Image) and img.mode == "RGB"
+        if self.result == "torch":
+            import torch
+            return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)
+        return img.transpose(Image.FLIP_LEFT_RIGHT)
+
+
+FakeTV.__module__ = "torchvision.transforms.transforms"
+
+
+def test_adapt():
+    img = smooth_rgb(10, 12)
+    t = RandomHorizontalFlip()
+    assert adapt(t) is t
+    assert np.array_equal(adapt(lambda im: im[::-1].tolist())(img, None), img[::-1])
+    assert np.array_equal(adapt(FakeTV())(img, np.random.default_rng(0)), img[:, ::-1])
+    pytest.importorskip("torch")
+    assert np.array_equal(adapt(FakeTV("torch"))(img, None), img.transpose(2, 0, 1))
+    import torch
+    assert np.array_equal(adapt(lambda im: torch.from_numpy(im) * 1)(img, None), img)
+
+
+def test_compile_fused_converts_torchvision_v1_recipes():
+    def fake(name, **attrs):
+        cls = type(name, (), {})
+        cls.__module__ = "torchvision.transforms.transforms"
+        obj = cls()
+        obj.__dict__.update(attrs)
+        return obj
+
+    class Mode:
+        value = "bilinear"
+    tv = fake("Compose", transforms=[
+        fake("RandomResizedCrop", size=(224, 224), scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+             interpolation=Mode(), antialias=True),
+        fake("RandomHorizontalFlip", p=0.5), fake("ToTensor"),
+        fake("Normalize", mean=list(MEAN), std=list(STD), inplace=False)])
+    assert compile_fused(tv).out_shape == (3, 224, 224)
+    tv.transforms.append(fake("ColorJitter"))
+    assert compile_fused(tv) is None
+
+
+def test_real_torchvision_interop(jpegs):
+    try:
+        tv = pytest.importorskip("torchvision.transforms")
+    except pytest.skip.Exception:
+        raise
+    except Exception as exc:  # installed but broken (e.g. C ops fail to load)
+        pytest.skip(f"torchvision not usable: {exc}")
+    img = decode_rgb(jpegs[0])
+    recipe = tv.Compose([tv.Resize(256), tv.CenterCrop(224), tv.ToTensor(),
+                         tv.Normalize(MEAN, STD)])
+    ours = val_recipe()(img)
+    theirs = adapt(recipe)(img, np.random.default_rng(0))
+    assert theirs.shape == ours.shape and np.abs(theirs - ours).mean() < 0.03
+    pipe = compile_fused(recipe)
+    assert pipe is not None and np.abs(_run(pipe, jpegs[0], 0) - ours).mean() < 0.03
