@@ -7,6 +7,7 @@ pool (:mod:`seqloader.parallel`).
 from __future__ import annotations
 
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -155,6 +156,11 @@ class Loader:
         self._next_epoch, self._cur_epoch = epoch, None
 
     @property
+    def classes(self) -> list[str]:
+        """Class names in label order (the dataset's folder names)."""
+        return self.db.classes
+
+    @property
     def epoch(self) -> int:
         """The epoch being iterated, or the next one between iterations."""
         return self._next_epoch if self._cur_epoch is None else self._cur_epoch
@@ -181,8 +187,8 @@ class Loader:
                                   cache=spec.cache, warmup=spec.warmup,
                                   prefetch_bytes=spec.prefetch_bytes)
         try:
-            for j, n, (labels, samples), raw in self._batches(spec, plan, first):
-                batch = self._materialize(spec, labels, samples, raw)
+            for j, n, (labels, samples), raw, slot in self._batches(spec, plan, first):
+                batch = self._materialize(spec, labels, samples, raw, slot)
                 del labels, samples
                 self._position = j + 1
                 yield batch
@@ -199,8 +205,8 @@ class Loader:
         if self._pool is None:
             self._pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
                                     start_method=self.start_method, timeout=self.timeout)
-        for j, n, views in self._pool.epoch(plan, self._feeder, first):
-            yield j, n, views, None
+        for j, n, views, slot in self._pool.epoch(plan, self._feeder, first):
+            yield j, n, views, None, slot
 
     def _in_process(self, spec: ProducerSpec, plan: EpochPlan, first: int):
         """Raw mode (nothing to decode: no workers) and ``num_workers=0``."""
@@ -211,13 +217,25 @@ class Loader:
             n = len(recs)
             raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], labels[:n],
                                samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
-            yield j, n, (labels[:n], samples[:n]), raw
+            yield j, n, (labels[:n], samples[:n]), raw, None
 
     def _materialize(self, spec: ProducerSpec, labels_v: np.ndarray, images_v: np.ndarray,
-                     raw: list[bytes] | None):
+                     raw: list[bytes] | None, slot: int | None):
+        """Batch tensors from a buffer.  NOTE [ zero-copy batches ]: on the CPU the images
+        tensor is a view of the shared-memory buffer, leased until the tensor (and every
+        view of it) is garbage-collected -- no copy, no extra memory.  When the caller
+        holds too many batches, or pins / moves them, the batch is copied instead."""
         labels = torch.from_numpy(labels_v.copy())
         if raw is not None:
             return raw, labels
+        pool = self._pool
+        on_cpu = self.device is None or self.device.type == "cpu"
+        if slot is not None and not self.pin_memory and on_cpu and pool.lease(slot):
+            images = torch.from_numpy(images_v)
+            weakref.finalize(images_v, pool.release, slot)
+            if self._device_normalize is not None:
+                images = self._device_normalize(images)
+            return images, labels
         images = torch.empty(images_v.shape, dtype=getattr(torch, spec.sample_dtype),
                              pin_memory=self.pin_memory)
         np.copyto(images.numpy(), images_v)
@@ -251,8 +269,10 @@ class Loader:
         """Continue from ``state``: the next iteration yields exactly the batches of that
         epoch that had not been yielded.  The settings that shape the order must match."""
         mine = self.state_dict()
-        keys = ("seed", "batch_size", "num_workers", "world_size", "rank", "cache", "chunk_size",
-                "shuffle", "drop_last", "num_records", "even")
+        # num_workers and rank may differ: the order depends on neither (all ranks are at
+        # the same position in training, and workers only decode)
+        keys = ("seed", "batch_size", "world_size", "cache", "chunk_size", "shuffle",
+                "drop_last", "num_records", "even")
         diff = {k: (state.get(k), mine[k]) for k in keys if state.get(k) != mine[k]}
         if state.get("version") != _STATE_VERSION or diff:
             raise ValueError(f"cannot resume: the checkpoint's loader settings differ from this "

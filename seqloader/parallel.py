@@ -13,9 +13,11 @@ NOTE [ worker lifecycle ]
   NOTE [ one reader per rank ]) takes a free buffer per batch, copies the batch's
   encoded records into it and sends ``batch`` to worker ``j % W`` over its pipe;
   the worker decodes into the same buffer and answers ``done``; the parent takes
-  the answers in plan order, lets the caller copy the batch out and frees the
-  buffer.  Only small messages cross the pipes; bytes and pixels stay in shared
-  memory (a batch too large for its buffer's input region goes by pipe).
+  the answers in plan order and hands the buffer to the caller, who either copies
+  it out or *leases* it (:meth:`WorkerPool.lease`: the batch tensor is a view of
+  the buffer, which returns to the pool when the tensor is garbage-collected).
+  Only small messages cross the pipes; bytes and pixels stay in shared memory (a
+  batch too large for its buffer's input region goes by pipe).
 * Every wait is a 1-second poll of the pipe *and* the process sentinel: a dead
   worker is reported by name, pid and signal within a second, never a hang;
   ``timeout`` bounds how long one batch may take.
@@ -250,6 +252,9 @@ class WorkerPool:
         self._finalizer: weakref.finalize | None = None
         self._reader: _ReaderThread | None = None
         self._active: int | None = None  # epoch with batches possibly in flight
+        self._slot_lock = threading.Lock()
+        self._free: queue.Queue[int] | None = None
+        self._leased: set[int] = set()  # buffers the caller holds as batch tensors
 
     @property
     def started(self) -> bool:
@@ -317,17 +322,21 @@ class WorkerPool:
                                    "are legitimately this slow")
 
     def epoch(self, plan: EpochPlan, feeder: Feeder, first_batch: int = 0
-              ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray]]]:
-        """Yield ``(j, n, (labels, samples) views)`` for batches ``j >= first_batch`` in plan
-        order.  The views are valid only until the next item is requested: copy them
-        out.  Finite; cancels itself if closed early."""
+              ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray], int]]:
+        """Yield ``(j, n, (labels, samples) views, slot)`` for batches ``j >= first_batch`` in
+        plan order.  The views are valid until the next item is requested -- copy them
+        out -- unless the caller leases the slot (:meth:`lease`).  Finite; cancels itself if
+        closed early."""
         if plan.num_workers != self.num_workers:
             raise ValueError(f"plan is for {plan.num_workers} workers, pool has {self.num_workers}")
         self.start()
         self._cancel()
-        free: queue.Queue[int] = queue.Queue()
-        for s in range(len(self._shms)):
-            free.put(s)
+        with self._slot_lock:
+            free: queue.Queue[int] = queue.Queue()
+            for s in range(len(self._shms)):
+                if s not in self._leased:
+                    free.put(s)
+            self._free = free
         self._reader = _ReaderThread(self, feeder, plan, first_batch, free)
         self._active = plan.epoch
         self._reader.start()
@@ -346,10 +355,12 @@ class WorkerPool:
                                          f"{w}, got {msg[:3]}")
                 labels, samples, _ = slot_views(self._shms[slot].buf, self.spec, plan.batch_sizes[j])
                 try:
-                    yield j, plan.batch_sizes[j], (labels, samples)
+                    yield j, plan.batch_sizes[j], (labels, samples), slot
                 finally:
                     del labels, samples
-                    free.put(slot)
+                    with self._slot_lock:
+                        if slot not in self._leased:
+                            free.put(slot)
             self._active = None
         finally:
             if self._active is not None and self.started:  # closed early: break, error, GC
@@ -357,6 +368,27 @@ class WorkerPool:
                     self._cancel()
                 except Exception:
                     self.close()
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_workers * self.prefetch
+
+    def lease(self, slot: int) -> bool:
+        """Keep ``slot`` out of circulation until :meth:`release`.  Refused (False) when
+        it would leave fewer than one buffer per worker plus one circulating."""
+        with self._slot_lock:
+            if len(self._leased) + 1 > self.num_slots - self.num_workers - 1:
+                return False
+            self._leased.add(slot)
+            return True
+
+    def release(self, slot: int) -> None:
+        """Return a leased buffer (called when its batch tensor is garbage-collected)."""
+        with self._slot_lock:
+            if slot in self._leased:
+                self._leased.discard(slot)
+                if self._free is not None:
+                    self._free.put(slot)
 
     def _cancel(self) -> None:
         """Stop an unfinished epoch: stop the reader, make workers skip queued batches and
@@ -390,3 +422,4 @@ class WorkerPool:
         self._procs, self._conns, self._locks, self._shms = [], [], [], []
         self._finalizer = None
         self._active = None
+        self._free, self._leased = None, set()

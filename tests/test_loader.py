@@ -90,6 +90,9 @@ def test_resume_mid_epoch_continues_exactly(lmdb_dir, nw):
     assert seen + rest == full[1]
     assert resumed.state_dict()["epoch"] == 2 and resumed.state_dict()["position"] == 0
     resumed.close()
+    other_workers = Loader(lmdb_dir, "train", None, **{**kw, "num_workers": 2 - nw})
+    other_workers.load_state_dict(state)  # workers only decode: the order does not change
+    assert _ids(other_workers) == rest
     bad = Loader(lmdb_dir, "train", None, **{**kw, "batch_size": 4})
     with pytest.raises(ValueError, match="batch_size"):
         bad.load_state_dict(state)
@@ -148,3 +151,24 @@ def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle):
         assert n - 1 <= len(ids[0]) + len(ids[1]) <= n
     else:  # evaluation: every record once overall
         assert len(ids[0]) + len(ids[1]) == n
+
+
+def test_held_batches_are_never_overwritten(lmdb_dir):
+    """Batches are zero-copy views of shared buffers (leased until garbage-collected):
+    holding every batch of an epoch must not let a later batch overwrite an earlier one."""
+    import seqloader.transforms as T
+    tf = T.Compose([T.Resize(24), T.CenterCrop(24), T.ToTensor()])
+    inline = Loader(lmdb_dir, "train", tf, batch_size=3, num_workers=0)
+    want = [x.clone() for x, _ in inline]
+    pooled = Loader(lmdb_dir, "train", tf, batch_size=3, num_workers=2, prefetch=2)
+    held = list(pooled)  # keeps all batches alive
+    assert len(held) == len(want)
+    for (x, _), w in zip(held, want):
+        assert torch.equal(x, w)
+    views = [x[:1] for x, _ in held]  # a view outlives its batch tensor
+    del held
+    import gc
+    gc.collect()
+    again = list(pooled)
+    assert torch.equal(views[0], want[0][:1]) and len(again) == len(want)
+    pooled.close()

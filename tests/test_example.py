@@ -1,0 +1,202 @@
+"""examples/imagenet/main.py end to end, as subprocesses, on a tiny synthetic dataset:
+train + validate, exact mid-epoch resume (Ctrl-C-style stop, SIGINT, kill -9), evaluate
+only, the folder loader, --gpu-normalize and 2-process DDP (gloo)."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MAIN = REPO / "examples" / "imagenet" / "main.py"
+SMALL = ["--image-size", "32", "-b", "8", "--workers", "2", "--lr", "0.01", "--print-freq", "1"]
+# 2 epochs of 4 iterations (of 6), a mid-epoch checkpoint every 2
+TRAIN = SMALL + ["--epochs", "2", "--max-iters", "4", "--save-every", "2"]
+TIMEOUT = 120
+
+
+def _env():
+    # one thread per process: the machine is small and shared with the loader workers
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def run(*args, cwd, expect=0, launcher=None):
+    cmd = (launcher or [sys.executable, str(MAIN)]) + [str(a) for a in args]
+    p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == expect, f"exit {p.returncode}\n{p.stdout}\n{p.stderr[-4000:]}"
+    return p
+
+
+def batches(log):
+    """The logged training batches: (epoch, iteration, pixel checksum, labels) lines."""
+    return Path(log).read_text().splitlines() if Path(log).exists() else []
+
+
+def accuracy_lines(stdout):
+    return [line for line in stdout.splitlines() if line.startswith(" * acc@1")]
+
+
+def load(path):
+    return torch.load(path, map_location="cpu")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from seqloader import WriteOptions, preprocess
+    from seqloader.synth import make_synthetic_imagenet
+
+    root = tmp_path_factory.mktemp("example")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_synthetic_imagenet(root / "tree", classes=4, per_class=12, val_per_class=3, seed=0,
+                                size="small", progress=False)
+        preprocess(root / "tree", root / "lmdb", options=WriteOptions(progress=False))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(data):
+    """An uninterrupted run of TRAIN: (process, checkpoint dir, logged batches)."""
+    p = run(data / "lmdb", *TRAIN, "--checkpoint-dir", data / "ref",
+            "--log-batches", data / "ref.log", cwd=data)
+    return p, data / "ref", batches(data / "ref.log")
+
+
+def test_trains_and_validates_end_to_end(reference):
+    p, ckdir, log = reference
+    assert p.stdout.splitlines()[-1].startswith("done: epochs=2, best acc@1=")
+    assert len(accuracy_lines(p.stdout)) == 2 and "(12 images)" in p.stdout
+    assert "train 1" in p.stderr and "img_s=" in p.stderr  # tqdm bars
+    assert [line.split()[:2] for line in log] == [[str(e), str(i)] for e in (0, 1) for i in range(4)]
+    assert all(len(line.split()) == 3 + 8 for line in log)  # batches of 8 labels
+    assert len(set(log)) == len(log)
+    ck = load(ckdir / "checkpoint.pth.tar")
+    assert (ck["epoch"], ck["iteration"]) == (2, 0)
+    assert [(s["epoch"], s["position"]) for s in ck["loader"]] == [(2, 0)]
+    assert {"state_dict", "optimizer", "scheduler", "best_acc1"} <= set(ck)
+    assert (ckdir / "model_best.pth.tar").exists()
+
+
+def test_stop_and_resume_sees_exactly_the_remaining_batches(data, reference):
+    ref_p, _, ref_log = reference
+    ck, log = data / "stop", data / "stop.log"
+    p = run(data / "lmdb", *TRAIN, "--checkpoint-dir", ck, "--log-batches", log,
+            "--stop-after-iters", 3, cwd=data, expect=130)  # "Ctrl-C" after 3 iterations
+    assert "interrupted at epoch 0, iteration 3" in p.stderr
+    state = load(ck / "checkpoint.pth.tar")
+    assert (state["epoch"], state["iteration"]) == (0, 3)  # not the periodic one at 2
+    assert [(s["epoch"], s["position"]) for s in state["loader"]] == [(0, 3)]
+    assert batches(log) == ref_log[:3]
+
+    resume = shlex.split(p.stderr.split("resume with: ")[1].splitlines()[0])  # as printed
+    assert resume[-2:] == ["--resume", str(ck / "checkpoint.pth.tar")]
+    q = run(*resume[2:], cwd=data, launcher=resume[:2])
+    assert "resumed from" in q.stdout and q.stdout.splitlines()[-1].startswith("done: epochs=2")
+    assert batches(log) == ref_log  # the resumed run logged exactly ref_log[3:]
+    # model, optimizer and scheduler were restored too: the same validation results
+    assert accuracy_lines(q.stdout) == accuracy_lines(ref_p.stdout)
+
+
+def test_evaluate_a_checkpoint(data, reference):
+    ref_p, ckdir, _ = reference
+    p = run(data / "lmdb", *SMALL, "--evaluate", "--resume", ckdir / "model_best.pth.tar", cwd=data)
+    (line,) = accuracy_lines(p.stdout)
+    assert line in accuracy_lines(ref_p.stdout)  # the best epoch's validation, reproduced
+    assert "done:" in p.stdout and "train" not in p.stderr
+
+
+def test_folder_loader_runs(data):
+    log = data / "folder.log"
+    p = run("--loader", "folder", "--folder-data", data / "tree", *SMALL, "--epochs", 1,
+            "--max-iters", 2, "--checkpoint-dir", data / "folder", "--log-batches", log, cwd=data)
+    assert [line.split()[:2] for line in batches(log)] == [["0", "0"], ["0", "1"]]
+    assert "(12 images)" in p.stdout and "done: epochs=1" in p.stdout
+    assert (data / "folder" / "checkpoint.pth.tar").exists()
+
+
+@pytest.mark.slow
+def test_gpu_normalize_path_gives_the_same_batches(data, reference):
+    log = data / "gpu.log"
+    run(data / "lmdb", *SMALL, "--gpu-normalize", "--epochs", 1, "--max-iters", 2,
+        "--checkpoint-dir", data / "gpu", "--log-batches", log, cwd=data)
+    got_all, want_all = batches(log), reference[2][:2]
+    assert len(got_all) == len(want_all)
+    for got, want in zip(got_all, want_all):
+        g, w = got.split(), want.split()
+        assert g[:2] == w[:2] and g[3:] == w[3:]  # same batch and labels
+        assert float(g[2]) == pytest.approx(float(w[2]), rel=1e-5, abs=1e-2)  # ~same pixels
+
+
+def _start(args, cwd, err):
+    return subprocess.Popen([sys.executable, str(MAIN)] + [str(a) for a in args], cwd=cwd,
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _wait_for_lines(proc, log, n):
+    deadline = time.monotonic() + TIMEOUT
+    while len(batches(log)) < n:
+        assert proc.poll() is None, "finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigint_and_kill_9_then_resume(data):
+    args = [data / "lmdb", *SMALL, "--epochs", 1, "--max-iters", 6, "--save-every", 2]
+    ref = data / "long.log"
+    run(*args, "--checkpoint-dir", data / "long", "--log-batches", ref, cwd=data)
+    ref = batches(ref)
+
+    # Ctrl-C: stops after the batch in progress, saves the exact position, exits 130
+    ck, log = data / "int", data / "int.log"
+    with open(data / "int.err", "w") as err:
+        proc = _start([*args, "--checkpoint-dir", ck, "--log-batches", log], data, err)
+        _wait_for_lines(proc, log, 1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(TIMEOUT) == 130
+    done = load(ck / "checkpoint.pth.tar")["iteration"]
+    assert len(batches(log)) == done and 1 <= done < 6
+    run(*args, "--checkpoint-dir", ck, "--log-batches", log, "--resume", ck / "checkpoint.pth.tar",
+        cwd=data)
+    assert batches(log) == ref
+
+    # kill -9: the last periodic checkpoint (every 2 iterations) is the resume point
+    ck, log = data / "kill", data / "kill.log"
+    proc = _start([*args, "--checkpoint-dir", ck, "--log-batches", log], data, subprocess.DEVNULL)
+    _wait_for_lines(proc, log, 3)
+    proc.kill()
+    proc.wait(TIMEOUT)
+    state = load(ck / "checkpoint.pth.tar")
+    done = state["iteration"]
+    assert state["epoch"] == 0 and done in (2, 4) and state["loader"][0]["position"] == done
+    lines = batches(log)[:done]  # those trained after the checkpoint are lost
+    log.write_text("".join(line + "\n" for line in lines))
+    run(*args, "--checkpoint-dir", ck, "--log-batches", log, "--resume", ck / "checkpoint.pth.tar",
+        cwd=data)
+    assert batches(log) == ref
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_stop_and_resume(data):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                "2", str(MAIN)]
+    args = [data / "lmdb", *SMALL, "--workers", 1, "--epochs", 2, "--max-iters", 2]
+    run(*args, "--checkpoint-dir", data / "ddp", "--log-batches", data / "ddp.log", cwd=data,
+        launcher=torchrun)
+    ref = batches(data / "ddp.log")
+    assert len(ref) == 4  # rank 0's batches
+    ck, log = data / "ddp-stop", data / "ddp-stop.log"
+    p = run(*args, "--checkpoint-dir", ck, "--log-batches", log, "--stop-after-iters", 1,
+            cwd=data, launcher=torchrun, expect=1)  # torchrun reports a failed worker as 1
+    assert "interrupted at epoch 0, iteration 1" in p.stderr and "torchrun" in p.stderr
+    state = load(ck / "checkpoint.pth.tar")
+    assert [(s["rank"], s["epoch"], s["position"]) for s in state["loader"]] == [(0, 0, 1), (1, 0, 1)]
+    q = run(*args, "--checkpoint-dir", ck, "--log-batches", log, "--resume",
+            ck / "checkpoint.pth.tar", cwd=data, launcher=torchrun)
+    assert batches(log) == ref and "done: epochs=2" in q.stdout
