@@ -374,10 +374,11 @@ class WorkerPool:
         return self.num_workers * self.prefetch
 
     def lease(self, slot: int) -> bool:
-        """Keep ``slot`` out of circulation until :meth:`release`.  Refused (False) when
-        it would leave fewer than one buffer per worker plus one circulating."""
+        """Keep ``slot`` out of circulation until :meth:`release`.  Refused (False) when it
+        would leave fewer than one buffer per worker circulating.  (A ``for`` loop holds
+        two batches for a moment: the one it is about to rebind and the new one.)"""
         with self._slot_lock:
-            if len(self._leased) + 1 > self.num_slots - self.num_workers - 1:
+            if len(self._leased) + 1 > self.num_slots - self.num_workers:
                 return False
             self._leased.add(slot)
             return True
