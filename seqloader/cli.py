@@ -155,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_synth)
+    from .bench import add_bench_arguments, run_bench
+
+    p = sub.add_parser("bench", help="measure loading speed, memory and CPU (seqloader vs files)")
+    add_bench_arguments(p)
+    p.set_defaults(fn=run_bench)
     p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
     p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
     p.add_argument("--no-progress", action="store_true")
@@ -172,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"seqloader {args.command}: interrupted; re-run the same command to resume",
-              file=sys.stderr)
+        hint = "; re-run the same command to resume" if args.command == "preprocess" else ""
+        print(f"seqloader {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
 

@@ -23,8 +23,8 @@ from .producer import ProducerSpec, batch_rng, decode_batch
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
-#: Shuffle-buffer records across all workers (~550 MB of page cache for ImageNet JPEGs);
-#: chosen from the shuffle-quality figures in the README.
+#: Shuffle-buffer records per rank (~550 MB of page cache for ImageNet JPEGs, not private
+#: memory); chosen from the shuffle-quality figures in the README.
 DEFAULT_CACHE = 5000
 #: Records per chunk of the epoch plan (~110 MB of ImageNet JPEGs: long sequential reads).
 DEFAULT_CHUNK = 1024
