@@ -233,7 +233,7 @@ class Loader:
         if slot is not None and not self.pin_memory and on_cpu and pool.lease(slot):
             images = torch.from_numpy(images_v)
             weakref.finalize(images_v, pool.release, slot)
-            if self._device_normalize is not None:
+            if self.device is not None and self._device_normalize is not None:
                 images = self._device_normalize(images)
             return images, labels
         images = torch.empty(images_v.shape, dtype=getattr(torch, spec.sample_dtype),

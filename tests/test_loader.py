@@ -172,3 +172,23 @@ def test_held_batches_are_never_overwritten(lmdb_dir):
     again = list(pooled)
     assert torch.equal(views[0], want[0][:1]) and len(again) == len(want)
     pooled.close()
+
+
+def test_uint8_device_path_matches_float_path(lmdb_dir):
+    import seqloader.transforms as T
+    norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    tf = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    kw = dict(batch_size=4, shuffle=True, num_workers=2, seed=3)
+    ref = Loader(lmdb_dir, "train", tf, **kw)
+    fast = Loader(lmdb_dir, "train", tf, output="uint8", device="cpu", **kw)
+    for (a, ya), (b, yb) in zip(ref, fast):
+        assert b.dtype == torch.float32 and b.shape == a.shape
+        assert b.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(ya, yb) and (a - b).abs().max() < 0.02
+    raw_u8 = Loader(lmdb_dir, "train", tf, output="uint8", **kw)
+    x, _ = next(iter(raw_u8))
+    assert x.dtype == torch.uint8 and x.shape[1:] == (32, 32, 3)
+    for loader in (ref, fast, raw_u8):
+        loader.close()
+    with pytest.raises(ValueError, match="output='uint8' needs"):
+        next(iter(Loader(lmdb_dir, "train", _mean_color, output="uint8", num_workers=0)))
