@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .threads import forking_single_threaded
+
 __all__ = ["FilesDataset", "FilesLoader", "collate_raw", "collate_decoded", "resolve_tree",
            "worker_init"]
 
@@ -90,11 +92,10 @@ def worker_init(worker_id: int) -> None:
     """Per-worker set-up matching seqloader's workers: single-threaded OpenCV, and a
     distinct default generator for the transforms (forked workers would otherwise
     share the parent's generator state and draw identical crops)."""
-    import cv2
-
+    from .threads import limit_worker_threads
     from .transforms import seed_default
 
-    cv2.setNumThreads(1)
+    limit_worker_threads()
     info = torch.utils.data.get_worker_info()
     seed_default(None if info is None else info.seed % 2**63)
 
@@ -126,13 +127,15 @@ class FilesLoader:
             drop_last=drop_last, generator=g, worker_init_fn=worker_init, **kw)
         self.epochs = 0
         self._it: Any = None
+        self._start_method = start_method
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor, int]]:
         if len(self.loader) == 0:
             raise ValueError(f"{len(self.dataset)} images make no batch (drop_last)")
         while True:
             self.epochs += 1
-            self._it = iter(self.loader)
+            with forking_single_threaded(self._start_method):
+                self._it = iter(self.loader)
             yield from self._it
 
     def pids(self) -> list[int]:

@@ -34,6 +34,7 @@ from .parallel import WorkerError
 from .plan import chunk_order, make_chunks, rank_bounds, slice_ranges
 from .reader import RangeReader
 from .shuffle import shuffled
+from .threads import forking_single_threaded, limit_worker_threads
 
 __all__ = ["DataFlow", "LMDBData", "LocallyShuffleData", "MapData", "MapDataComponent",
            "BatchData", "MultiProcessMapData"]
@@ -190,8 +191,7 @@ class BatchData(ProxyDataFlow):
 def _init_map_worker() -> None:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import cv2
-    cv2.setNumThreads(1)
+    limit_worker_threads()
 
 
 class MultiProcessMapData(ProxyDataFlow):
@@ -217,8 +217,10 @@ class MultiProcessMapData(ProxyDataFlow):
     def reset_state(self) -> None:
         super().reset_state()
         if self._ex is None:
-            self._ex = ProcessPoolExecutor(self.num_proc, mp.get_context(self.start_method),
-                                           initializer=_init_map_worker)
+            ctx = mp.get_context(self.start_method)
+            self._ex = ProcessPoolExecutor(self.num_proc, ctx, initializer=_init_map_worker)
+            with forking_single_threaded(ctx.get_start_method()):
+                self._ex.submit(int).result()  # start the processes now, see the NOTE
 
     def __iter__(self) -> Iterator[Any]:
         if self._ex is None:

@@ -35,7 +35,6 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -49,6 +48,7 @@ import numpy as np
 from .feeder import Feeder
 from .plan import EpochPlan
 from .producer import ProducerSpec, RecordError, batch_rng, decode_batch, slot_views
+from .threads import forking_single_threaded, limit_worker_threads
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 
@@ -90,11 +90,7 @@ def _prepare_process(main_pid: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import cv2
-    cv2.setNumThreads(1)
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
+    limit_worker_threads()
 
 
 def _get(conn: Connection, main_pid: int) -> Any:
@@ -274,15 +270,17 @@ class WorkerPool:
                           for _ in range(self.num_workers * self.prefetch)]
             self._generation = self.ctx.RawValue("q", 0)
             names = [s.name for s in self._shms]
-            for w in range(self.num_workers):
-                parent, child = self.ctx.Pipe(duplex=True)
-                p = self.ctx.Process(target=_worker_main, name=f"seqloader-worker-{w}", daemon=True,
-                                     args=(self.spec, w, child, names, self._generation, os.getpid()))
-                p.start()
-                child.close()
-                self._procs.append(p)
-                self._conns.append(parent)
-                self._locks.append(threading.Lock())
+            with forking_single_threaded(self.ctx.get_start_method()):
+                for w in range(self.num_workers):
+                    parent, child = self.ctx.Pipe(duplex=True)
+                    p = self.ctx.Process(target=_worker_main, name=f"seqloader-worker-{w}",
+                                         daemon=True, args=(self.spec, w, child, names,
+                                                            self._generation, os.getpid()))
+                    p.start()
+                    child.close()
+                    self._procs.append(p)
+                    self._conns.append(parent)
+                    self._locks.append(threading.Lock())
             self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._shms)
             for w in range(self.num_workers):
                 msg = self._recv(w, self.start_timeout, "start")

@@ -418,22 +418,20 @@ def _run_chunk(args: tuple[list[_Task], str]) -> list[tuple[str, str, int]]:
     return [_run_task(t, root) for t in tasks]
 
 
-def _worker_init() -> None:
-    # Only for spawn children. NEVER call cv2.setNumThreads() in a *forked* child:
-    # if the parent has already run a multi-threaded OpenCV op (e.g. resizing a
-    # large image), it deadlocks (futex wait, verified with opencv 5.0.0). Forked
-    # children work fine when they leave OpenCV's thread setting alone.
-    cv2.setNumThreads(1)  # one process per core; avoid oversubscription
+def _make_pool(workers: int):
+    """A multiprocessing Pool whose workers run OpenCV single-threaded.
 
-
-def _pool_context():  # -> (multiprocessing context, initializer or None)
+    Linux: ``fork`` (no ``__main__`` guard needed in callers, fast start); elsewhere
+    ``spawn``.  See NOTE [ OpenCV threads and fork ] in :mod:`seqloader.threads`.
+    """
     import multiprocessing as mp
     import sys
 
-    if sys.platform.startswith("linux"):
-        # fork: no __main__ guard needed in callers, fast start; see _worker_init
-        return mp.get_context("fork"), None
-    return mp.get_context("spawn"), _worker_init
+    from .threads import forking_single_threaded, limit_worker_threads
+
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    with forking_single_threaded(method):
+        return mp.get_context(method).Pool(workers, initializer=limit_worker_threads)
 
 
 # ----------------------------------------------------------------------------
@@ -497,10 +495,12 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
             the long side 800-1600 px, ~3% with the long side < 250 px) or
             ``"small"`` (64-128 px per side, for fast tests).
         quality: JPEG quality 1..100.
-        workers: processes to use (``1`` = in-process). On Linux the pool
-            uses ``fork`` (works from any script, no ``__main__`` guard
-            needed); elsewhere ``spawn`` (callers need the usual
-            ``if __name__ == "__main__":`` guard).
+        workers: processes to use (``1`` = in-process, OpenCV threading left
+            as the caller set it). Workers run OpenCV single-threaded. On
+            Linux the pool uses ``fork`` (works from any script, no
+            ``__main__`` guard needed; the caller's ``cv2.setNumThreads`` is
+            set to 1 only while forking, then restored); elsewhere ``spawn``
+            (callers need the usual ``if __name__ == "__main__":`` guard).
         progress: show a tqdm progress bar.
 
     Returns:
@@ -587,11 +587,10 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
                 results.append(_run_task(t, root_s))
                 bar.update(1)
         else:
-            ctx, init = _pool_context()
             chunk = max(1, min(32, len(tasks) // (workers * 8) or 1))
             chunks: Iterator[tuple[list[_Task], str]] = (
                 (tasks[j:j + chunk], root_s) for j in range(0, len(tasks), chunk))
-            with ctx.Pool(workers, initializer=init) as pool:
+            with _make_pool(workers) as pool:
                 for res in pool.imap_unordered(_run_chunk, chunks):
                     results.extend(res)
                     bar.update(len(res))

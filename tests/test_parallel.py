@@ -171,3 +171,25 @@ def test_parent_killed_or_interrupted_leaves_no_orphans(lmdb_dir, how):
     proc.wait(30)
     assert not _wait_dead(pids, 10), "orphaned workers"
     assert not names & _shm(), "leaked shared memory"
+
+
+FORK_AFTER_THREADS = textwrap.dedent("""
+    import sys, numpy as np, cv2
+    cv2.setNumThreads(4)
+    cv2.resize(np.zeros((3000, 3000, 3), np.uint8), (1500, 1500))  # wakes OpenCV's pool
+    import seqloader.transforms as T
+    from seqloader import Loader
+    tf = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
+    loader = Loader(sys.argv[1], "train", tf, batch_size=4, num_workers=2, start_method="fork")
+    print(sum(len(y) for _, y in loader), cv2.getNumThreads(), flush=True)
+    loader.close()
+""")
+
+
+def test_fork_after_parent_used_opencv_threads_does_not_hang(lmdb_dir):
+    out = subprocess.run([sys.executable, "-c", FORK_AFTER_THREADS, str(lmdb_dir)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    count, threads = out.stdout.split()
+    assert int(count) > 0 and int(threads) == 4  # the parent's setting is restored

@@ -253,3 +253,27 @@ def test_imagenet_size_distribution():
     assert 350 < sizes.mean() < 550
     sizes = np.array([synth._draw_size(rng, "small") for _ in range(500)])
     assert sizes.min() >= 64 and sizes.max() <= 128
+
+
+def test_workers_after_parent_used_opencv_threads(tmp_path):
+    # Regression: calling cv2.setNumThreads() in a forked child after the parent ran a
+    # multi-threaded OpenCV op deadlocks. Run in a subprocess so a hang becomes a failure.
+    import subprocess
+    import sys
+
+    code = (
+        "import cv2, numpy as np, sys\n"
+        "n0 = cv2.getNumThreads()\n"
+        "cv2.resize(np.zeros((1500, 1500, 3), np.float32), (2000, 2000))\n"
+        "from seqloader.synth import make_synthetic_imagenet\n"
+        "r = make_synthetic_imagenet(sys.argv[1], classes=2, per_class=6, val_per_class=0,\n"
+        "                            size='small', workers=2, progress=False)\n"
+        "assert r.counts == {'train': 12}, r.counts\n"
+        "assert cv2.getNumThreads() == n0  # the caller's setting is restored\n"
+        "print('ok')\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ds")], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok")

@@ -1,0 +1,60 @@
+"""Single-threaded OpenCV/torch in worker processes, safely under every start method.
+
+NOTE [ OpenCV threads and fork ]
+Calling ``cv2.setNumThreads()`` in a *forked* child hangs forever when the parent has
+already run a multi-threaded OpenCV operation (the child inherits the thread pool's
+state but not its threads; seen with OpenCV 5.0).  So: while forking workers, the
+parent's OpenCV runs single-threaded (the children inherit that) and is restored
+right after; only children started by ``spawn``/``forkserver`` -- fresh interpreters
+-- call ``setNumThreads`` themselves.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+__all__ = ["forking_single_threaded", "limit_worker_threads"]
+
+
+@contextlib.contextmanager
+def forking_single_threaded(start_method: str | None) -> Iterator[None]:
+    """Around starting worker processes: see NOTE [ OpenCV threads and fork ]."""
+    import multiprocessing as mp
+
+    method = start_method or mp.get_start_method(allow_none=False)
+    if method != "fork":
+        yield
+        return
+    import cv2
+
+    n = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(n)
+
+
+_FORKED = False  # set in children created by fork
+
+
+def _mark_forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
+
+def limit_worker_threads() -> None:
+    """In a worker process: one OpenCV/torch/OpenMP thread (one process per core).
+    A forked child already inherited single-threaded OpenCV from
+    :func:`forking_single_threaded` and must not touch it."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if not _FORKED:
+        import cv2
+        cv2.setNumThreads(1)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
