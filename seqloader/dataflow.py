@@ -76,7 +76,7 @@ class LMDBData(DataFlow):
 
     def __init__(self, path: str | Path, split: str | None = None, *, shuffle: bool = False,
                  chunk_size: int = 1024, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 even: bool = False, prefetch_bytes: int = 64 << 20):
+                 even: bool = False, prefetch_bytes: int = 128 << 20):
         self.db = open_database(path, split)
         self.shuffle, self.chunk_size, self.seed = shuffle, chunk_size, seed
         self.rank, self.world_size, self.even = rank, world_size, even

@@ -64,7 +64,7 @@ class Feeder:
     (and one thread at a time): it opens LMDB on first use."""
 
     def __init__(self, db: Database, *, seed: int, rank: int, shuffle: bool, cache: int,
-                 warmup: int, prefetch_bytes: int = 64 << 20):
+                 warmup: int, prefetch_bytes: int = 128 << 20):
         self.db, self.seed, self.rank = db, seed, rank
         self.shuffle, self.cache, self.warmup = shuffle, cache, warmup
         self.reader = RangeReader(db, prefetch_bytes=prefetch_bytes)

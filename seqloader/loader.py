@@ -69,7 +69,7 @@ class Loader:
                  world_size: int | None = None, target_transform: Callable | None = None,
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
-                 prefetch_bytes: int = 64 << 20):
+                 prefetch_bytes: int = 128 << 20):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if cache < 1:

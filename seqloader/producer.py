@@ -58,7 +58,7 @@ class ProducerSpec:
     target_transform: Callable | None = None
     sample_shape: tuple[int, ...] = ()
     sample_dtype: str = "float32"
-    prefetch_bytes: int = 64 << 20
+    prefetch_bytes: int = 128 << 20
 
     @property
     def output_nbytes(self) -> int:

@@ -2,21 +2,26 @@
 
 NOTE [ sequential I/O ]
 A cursor walk over an LMDB file touches its memory map page by page; each page
-fault reads ``read_ahead_kb`` of the file (128 KB on most systems).  A disk that
-does ~100 requests/s then delivers ~13 MB/s whatever its bandwidth.  So the
-reader tells the kernel what it is about to read, in large pieces: for the record
-ranges it will read next it looks up their byte spans in the file (the address of
-a record's value minus the base of the mapping) and calls
-``posix_fadvise(WILLNEED)`` for ``prefetch_bytes`` ahead of the cursor -- only on
-*its own* ranges, so several workers reading interleaved ranges of one file do not
-read each other's data.  Values are memoryviews into the map: the page cache holds
-the bytes, the process holds no private copy (shuffle-buffer memory is therefore
-page cache, which the kernel can reclaim).
+fault reads at most ``read_ahead_kb`` of the file -- 128 KB on most systems.  A
+disk that serves ~100 requests/s then delivers ~13 MB/s whatever its bandwidth.
+So the reader reads ahead itself, in large requests: for the record ranges it will
+walk next it looks up their byte spans in the file (a record value's address minus
+the mapping's base) and a background thread reads those spans with 16 MiB
+``pread`` calls, up to ``prefetch_bytes`` ahead of the cursor, into a scratch buffer -- so
+the pages are in the page cache when the cursor arrives.  Only the reader's own
+ranges are read.  Measured under hddsim (100 IO/s, 150 MiB/s), one reader:
+background ``pread`` 98.5 % of the bandwidth; plain walk 97.8 % -- but only because
+this machine's ``read_ahead_kb`` is 8 MiB; ``posix_fadvise``/``madvise(WILLNEED)``
+windows 55-99 % (each call reads at most ``read_ahead_kb``, in fragmented requests).
+Values are memoryviews into the map: the page cache holds the bytes and the process
+no private copy (a shuffle buffer of records is page cache the kernel can reclaim).
 """
 from __future__ import annotations
 
 import bisect
 import os
+import queue
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -52,7 +57,7 @@ class _Shard:
         self.cur = self.txn.cursor()
         self.lookup = self.txn.cursor()
         self.fd = os.open(path, os.O_RDONLY)
-        self.base = _map_base(path) if hasattr(os, "posix_fadvise") else None
+        self.base = _map_base(path)
         self.size = os.fstat(self.fd).st_size
 
     def span(self, a: int, b: int) -> tuple[int, int]:
@@ -72,6 +77,36 @@ class _Shard:
         os.close(self.fd)
 
 
+class _Prefetcher(threading.Thread):
+    """Reads queued ``(fd, offset, length)`` spans with large ``pread`` calls, so their
+    pages are cached before the cursor touches them.  Errors are ignored: the cursor
+    then simply reads the pages itself (and reports real errors)."""
+
+    BLOCK = 16 << 20
+
+    def __init__(self) -> None:
+        super().__init__(name="seqloader-readahead", daemon=True)
+        self.spans: queue.Queue = queue.Queue()
+        self.buf = bytearray(self.BLOCK)
+
+    def run(self) -> None:
+        view = memoryview(self.buf)
+        while (item := self.spans.get()) is not None:
+            fd, off, n = item
+            try:
+                while n > 0:
+                    got = os.preadv(fd, [view[:min(n, self.BLOCK)]], off)
+                    if got <= 0:
+                        break
+                    off, n = off + got, n - got
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self.spans.put(None)
+        self.join(5)
+
+
 class RangeReader:
     """Reads global record ranges of a :class:`~seqloader.database.Database`.
 
@@ -81,12 +116,13 @@ class RangeReader:
     file's map, valid until :meth:`close`.  Not thread-safe.
     """
 
-    def __init__(self, db: Database, *, prefetch_bytes: int = 64 << 20, readahead: bool = True):
+    def __init__(self, db: Database, *, prefetch_bytes: int = 128 << 20, readahead: bool = True):
         self.db = db
         self.prefetch_bytes = prefetch_bytes
         self.readahead = readahead
         self._offsets = list(db.offsets)
         self._shards: list[_Shard] | None = None
+        self._prefetcher: _Prefetcher | None = None
 
     def _open(self) -> list[_Shard]:
         if self._shards is None:
@@ -112,6 +148,9 @@ class RangeReader:
         shards = self._open()
         parts = self._split(ranges)
         window = self.prefetch_bytes
+        if window and self._prefetcher is None:
+            self._prefetcher = _Prefetcher()
+            self._prefetcher.start()
         advised = consumed = 0
         nxt, span = 0, None  # next part to advise, and what is left of its byte span
 
@@ -127,8 +166,8 @@ class RangeReader:
                         continue
                     span = (s, *shards[s].span(a, b))
                 s, start, end = span
-                n = min(window, end - start)
-                os.posix_fadvise(shards[s].fd, start, n, os.POSIX_FADV_WILLNEED)
+                n = min(_Prefetcher.BLOCK, end - start)
+                self._prefetcher.spans.put((shards[s].fd, start, n))
                 advised += n
                 if start + n >= end:
                     span, nxt = None, nxt + 1
@@ -163,6 +202,9 @@ class RangeReader:
 
     def close(self) -> None:
         """Close the environments; values yielded earlier become invalid."""
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+            self._prefetcher = None
         if self._shards is not None:
             for sh in self._shards:
                 sh.close()
