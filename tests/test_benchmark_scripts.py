@@ -1,0 +1,103 @@
+"""Smoke tests of benchmarks/shuffle_quality.py and benchmarks/shuffle_accuracy.py: tiny
+sizes, end to end through the command line with --json."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(script: str, *args: str, cwd: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def test_fast_epoch_order_is_the_loader_order():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from shuffle_quality import fast_epoch_order, pair_repeat
+    finally:
+        sys.path.remove(str(BENCH))
+    from seqloader.plan import PlanSpec
+    from seqloader.quality import epoch_order
+
+    for spec, cache in [(PlanSpec((1000,), 16, 7, True, num_workers=2), 50),
+                        (PlanSpec((3, 500, 497), 16, 50, True, seed=4), 100),
+                        (PlanSpec((777,), 32, 1024, True), 1000),
+                        (PlanSpec((600,), 32, 64, False, even=False), 1)]:
+        for epoch in (0, 1):
+            assert np.array_equal(fast_epoch_order(spec, epoch, cache=cache),
+                                  epoch_order(spec, epoch, cache=cache))
+    same = np.arange(1000)
+    assert pair_repeat(same, same, 10) == 1.0
+    rng = np.random.default_rng(0)
+    assert pair_repeat(rng.permutation(1000), rng.permutation(1000), 10) < 0.05
+
+
+def test_shuffle_quality_script(tmp_path):
+    out = tmp_path / "q.md"
+    doc = _run("shuffle_quality.py", "--classes", "6", "--per-class", "50", "--caches",
+               "20,100", "--chunks", "4,32", "--batch-size", "16", "--json", "--no-progress",
+               "--out", str(out), cwd=tmp_path)
+    assert set(doc) == {"conditions", "rows", "recommendation"}
+    assert doc["conditions"]["layouts"] == ["class-sorted", "shuffled at write"]
+    kinds = [r["kind"] for r in doc["rows"]]
+    assert kinds == ["ideal permutation", "no shuffle"] + ["seqloader"] * 4
+    for r in doc["rows"]:
+        assert {"cache", "chunk_size", "distinct_ratio", "epoch_correlation", "pair_repeat",
+                "buffer_mb", "hdd_efficiency_model"} <= set(r)
+        assert set(r["distinct_ratio"]) == {"class-sorted", "shuffled at write"}
+    no = doc["rows"][1]
+    assert no["epoch_correlation"] > 0.999 and no["distinct_ratio"]["class-sorted"] < 0.5
+    assert {"class-sorted", "shuffled at write", "criteria"} <= set(doc["recommendation"])
+    assert "| seqloader | 100 | 32 |" in out.read_text()
+    assert json.loads(out.with_suffix(".json").read_text())["rows"] == doc["rows"]
+
+
+def test_shuffle_accuracy_script(tmp_path):
+    fake = tmp_path / "fake-hddsim"  # runs the command as is: tests the wiring only
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    configs = "a_ideal,b_seq_default,c_sorted_default,c_sorted_bigbuf,d_sorted_noshuffle"
+    doc = _run("shuffle_accuracy.py", "--classes", "3", "--per-class", "12",
+               "--val-per-class", "2", "--epochs", "2", "--seeds", "0", "--batch-size", "8",
+               "--size", "16", "--width", "4", "--configs", configs, "--no-imagenet-reference",
+               "--work", str(tmp_path / "work"), "--out-dir", str(tmp_path / "out"),
+               "--no-progress", "--json", "--hdd-throughput", "--hddsim", str(fake),
+               "--hdd-size", "small", "--hdd-configs", "a_ideal,b_seq_default",
+               "--hdd-chunks", "4", cwd=tmp_path)
+    assert {"conditions", "runs", "summary", "goals", "reference_quality",
+            "hdd_throughput"} <= set(doc)
+    names = configs.split(",")
+    assert list(doc["summary"]) == names and len(doc["runs"]) == len(names)
+    for r in doc["runs"]:
+        assert len(r["val_acc"]) == 2 and 0 <= r["final_acc"] <= 1
+        assert {"distinct_ratio", "epoch_correlation", "pair_repeat",
+                "observed_distinct_ratio"} <= set(r["quality"])
+    s = doc["summary"]
+    assert s["d_sorted_noshuffle"]["quality"]["epoch_correlation"] > 0.999
+    assert {"final_mean", "final_std", "val_acc_mean", "delta_vs_ideal_mean"} <= set(s["a_ideal"])
+    assert {"b_within_1pp", "d_clearly_worse"} <= set(doc["goals"])
+    assert doc["conditions"]["scaled"]["cache"] >= 8
+    rows = doc["hdd_throughput"]["rows"]
+    assert [r["name"] for r in rows] == ["a_ideal", "b_seq_default", "sweep chunk 4"]
+    assert all("error" not in r and r["records"] == 36 for r in rows), rows
+    out = tmp_path / "out"
+    assert (out / "shuffle_accuracy.md").read_text().startswith("# Shuffling vs accuracy")
+    assert json.loads((out / "shuffle_accuracy.json").read_text())["goals"] == doc["goals"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.skip("matplotlib not installed: no plot")
+    assert (out / "shuffle_accuracy.png").stat().st_size > 0
