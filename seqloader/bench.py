@@ -1146,7 +1146,7 @@ def _split_list(values: Sequence[str] | None) -> list[str]:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``seqloader bench`` arguments to ``p``."""
-    from .loader import DEFAULT_CACHE
+    from .plan import DEFAULT_CACHE
 
     p.add_argument("path", metavar="PATH",
                    help="a database (.lmdb file, or the folder holding ILSVRC-<split>.lmdb) "

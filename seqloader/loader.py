@@ -18,16 +18,11 @@ from .database import Database, close_env, open_database, open_env
 from .format import unpack_record, encode_key
 from .feeder import Feeder
 from .parallel import WorkerPool
-from .plan import EpochPlan, PlanSpec, num_batches, plan_epoch
+from .plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, num_batches, plan_epoch
 from .producer import ProducerSpec, batch_rng, decode_batch
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
-#: Shuffle-buffer records per rank (~550 MB of page cache for ImageNet JPEGs, not private
-#: memory); chosen from the shuffle-quality figures in the README.
-DEFAULT_CACHE = 5000
-#: Records per chunk of the epoch plan (~110 MB of ImageNet JPEGs: long sequential reads).
-DEFAULT_CHUNK = 1024
 _STATE_VERSION = 1
 
 
