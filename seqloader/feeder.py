@@ -99,11 +99,14 @@ class Feeder:
 
     def batches(self, plan: EpochPlan, first: int = 0) -> Iterator[tuple[int, Batch]]:
         """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
-        Values are zero-copy views, valid until :meth:`close`."""
+        Values are zero-copy views, valid until :meth:`close`; use a batch before asking
+        for the next (its pages are then unmapped; the values stay valid)."""
         sizes = plan.batch_sizes
         records = self.records(plan.epoch, plan.ranges, sum(sizes[:first]))
         for j in range(first, len(sizes)):
-            yield j, [next(records) for _ in range(sizes[j])]
+            batch = [next(records) for _ in range(sizes[j])]
+            yield j, batch
+            self.reader.release([v for _, v in batch])  # used: see NOTE [ mapped pages ]
 
     def close(self) -> None:
         self.reader.close()
