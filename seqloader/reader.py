@@ -52,11 +52,13 @@ def _map_base(path: str) -> int | None:
 # NOTE [ mapped pages ]
 # Every page the reader touches stays mapped in this process until it is unmapped,
 # so a reader that walks a 140 GB file would show up to 140 GB of resident (if
-# reclaimable) file pages in RSS/USS.  Once a batch's records have been used, their
-# pages are released from the page tables with madvise(MADV_DONTNEED) -- on a
+# reclaimable) file pages in RSS/USS, and a shuffle buffer of 5000 records 550 MB.
+# So pages are released from the page tables with madvise(MADV_DONTNEED) right after
+# the cursor has faulted them in (and again once a batch has used them).  On a
 # read-only shared file mapping that changes no data: the bytes stay in the page
-# cache, and a page shared with a record still in the shuffle buffer is simply
-# faulted back in (a minor fault) when that record is used.
+# cache, and using a buffered record later is a minor fault.  (Under memory pressure
+# the kernel may evict buffered records before use; they are then re-read at random
+# -- keep `cache` x record size well below free RAM.)
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
     _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -76,7 +78,7 @@ def _touch(view: memoryview) -> None:
 
 
 def _address(view: memoryview) -> int:
-    return np.frombuffer(view, np.uint8).ctypes.data
+    return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
 
 
 class _Shard:
@@ -215,6 +217,7 @@ class RangeReader:
             for local in range(a, b):
                 value = cur.value()
                 _touch(value)
+                self.release((value,))  # read now, in order; used later from the page cache
                 yield base + local, value
                 consumed += len(value)
                 if window and advised - consumed < window // 2:
