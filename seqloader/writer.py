@@ -16,12 +16,14 @@ multi-shard run resumes at its first unfinished shard).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import fcntl
 import hashlib
 import os
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,6 +253,19 @@ class _ShardWriter:
                    disable=not opt.progress, dynamic_ncols=True, smoothing=0.05)
         nbytes, t_last = 0, time.perf_counter()
         positions = range(start + meta.next_source, stop)
+        # Commits (LMDB copy + write + fsync of ~64 MB) run in a background thread while the
+        # next batch is prepared; at most one is in flight, so memory stays ~2 x commit_bytes.
+        committer = ThreadPoolExecutor(1, thread_name_prefix="seqloader-commit")
+        inflight: Future | None = None
+
+        def commit() -> None:
+            nonlocal inflight, pending, pending_bytes
+            if inflight is not None:
+                inflight.result()
+            snapshot = dataclasses.replace(meta, bad_files=list(meta.bad_files))
+            inflight = committer.submit(self._commit, env, pending, snapshot)
+            pending, pending_bytes = [], 0
+
         try:
             for pos, value, digest in ordered_map(self._prepare, positions, workers=opt.workers):
                 if value is None:
@@ -270,16 +285,18 @@ class _ShardWriter:
                 meta.next_source = pos + 1 - start
                 bar.update(1)
                 if pending_bytes >= opt.commit_bytes:
-                    self._commit(env, pending, meta)
-                    pending, pending_bytes = [], 0
+                    commit()
                 now = time.perf_counter()
                 if now - t_last > 1.0:
                     bar.set_postfix_str(f"{nbytes / (now - t_last) / 2**20:.0f} MB/s, "
                                         f"{len(meta.bad_files)} bad")
                     nbytes, t_last = 0, now
             if pending:
-                self._commit(env, pending, meta)
+                commit()
         finally:
+            if inflight is not None:
+                inflight.result()  # a commit in progress completes (atomically) even on Ctrl-C
+            committer.shutdown()
             bar.close()
 
 
