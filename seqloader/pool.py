@@ -6,10 +6,11 @@ then run in parallel without pickling any bytes between processes.
 from __future__ import annotations
 
 import collections
+import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["ordered_map"]
+__all__ = ["ordered_map", "ordered_process_map"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,3 +44,47 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
         finally:
             for f in pending:
                 f.cancel()
+
+
+def _init_process() -> None:
+    import signal
+
+    from .threads import limit_worker_threads
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    limit_worker_threads()
+
+
+def _apply(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
+    return [fn(x) for x in chunk]
+
+
+def ordered_process_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
+                        window: int | None = None, chunk: int = 16) -> Iterator[R]:
+    """Like :func:`ordered_map`, but in ``workers`` forked processes (for CPU-bound work
+    that does not scale in threads: OpenCV's JPEG decoding gains only ~1.3x from a
+    second thread here, ~1.8x from a second process).  ``fn`` must be a module-level
+    function; state it needs is inherited through ``fork``.  Items go in chunks of ``chunk``
+    (fewer round trips through the executor); results are pickled back.  A killed
+    worker raises ``BrokenProcessPool`` instead of hanging."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .threads import forking_single_threaded
+
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    window = window or 2 * workers
+    with forking_single_threaded("fork"):
+        ex = ProcessPoolExecutor(workers, mp.get_context("fork"), initializer=_init_process)
+        ex.submit(int).result()  # start every worker now, single-threaded
+    pending: collections.deque[Future[list[R]]] = collections.deque()
+    it = iter(items)
+    try:
+        while batch := list(itertools.islice(it, chunk)):
+            pending.append(ex.submit(_apply, fn, batch))
+            if len(pending) >= window:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)

@@ -36,7 +36,7 @@ from .database import close_env, open_env, read_meta
 from .format import (EMPTY_CHECKSUM, FORMAT_VERSION, META_KEY, FormatError, Meta, Record,
                      chain_checksum, encode_key, pack_meta, pack_record, record_digest, shard_path)
 from .images import prepare_image
-from .pool import ordered_map
+from .pool import ordered_map, ordered_process_map
 from .scan import Scan
 
 __all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "write_split",
@@ -120,6 +120,13 @@ def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng(np.random.SeedSequence([seed])).permutation(n)
 
 
+_ACTIVE: "_ShardWriter | None" = None  # the writer whose sources forked workers prepare
+
+
+def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str]:
+    return _ACTIVE._prepare(pos)
+
+
 def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((FORMAT_VERSION, split, scan.classes, opt.verify, opt.max_size,
@@ -191,6 +198,17 @@ class _ShardWriter:
         if len(idx) != meta.num_records:  # pragma: no cover - invariant
             raise AssertionError(f"{len(idx)} labels for {meta.num_records} records")
         return self.scan.labels[idx].astype("<i4").tobytes()
+
+    def _prepared(self, positions: range):
+        """``_prepare`` over ``positions`` in order: threads when only reading (I/O), forked
+        processes when decoding (see :func:`~seqloader.pool.ordered_process_map`)."""
+        global _ACTIVE
+        opt = self.opt
+        if not (opt.verify or opt.max_size) or os.cpu_count() == 1 or not hasattr(os, "fork"):
+            return ordered_map(self._prepare, positions, workers=opt.workers)
+        _ACTIVE = self
+        return ordered_process_map(_prepare_active, positions,
+                                   workers=min(opt.workers, os.cpu_count() or 1))
 
     def _commit(self, env: lmdb.Environment, pending: list[tuple[bytes, bytes]], meta: Meta) -> None:
         while True:
@@ -267,7 +285,7 @@ class _ShardWriter:
             pending, pending_bytes = [], 0
 
         try:
-            for pos, value, digest in ordered_map(self._prepare, positions, workers=opt.workers):
+            for pos, value, digest in self._prepared(positions):
                 if value is None:
                     path = self.scan.paths[int(self.order[pos])]
                     if opt.strict:
