@@ -48,7 +48,7 @@ import numpy as np
 from .feeder import Feeder
 from .plan import EpochPlan
 from .producer import ProducerSpec, RecordError, batch_rng, decode_batch, slot_views
-from .threads import forking_single_threaded, limit_worker_threads
+from .threads import die_with_parent, forking_single_threaded, limit_worker_threads
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 
@@ -85,11 +85,7 @@ def _describe_exit(code: int | None) -> str:
 
 def _prepare_process(main_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()
     limit_worker_threads()
 
 

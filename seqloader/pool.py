@@ -49,8 +49,9 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
 def _init_process() -> None:
     import signal
 
-    from .threads import limit_worker_threads
+    from .threads import die_with_parent, limit_worker_threads
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    die_with_parent()
     limit_worker_threads()
 
 

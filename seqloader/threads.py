@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Iterator
 
-__all__ = ["forking_single_threaded", "limit_worker_threads"]
+__all__ = ["forking_single_threaded", "limit_worker_threads", "die_with_parent"]
 
 
 @contextlib.contextmanager
@@ -58,3 +58,14 @@ def limit_worker_threads() -> None:
         cv2.setNumThreads(1)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+def die_with_parent() -> None:
+    """In a worker process: get SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``),
+    so a killed parent leaves no orphans (nor the file locks they inherited)."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass

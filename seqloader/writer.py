@@ -136,6 +136,21 @@ def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -
     return h.hexdigest()
 
 
+def _lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
+    """Take the writer's exclusive lock on ``partial``.  A killed writer's decode workers
+    hold it for a moment after it dies (they die with it), hence a little patience."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"another process is writing {partial}; wait for it or "
+                                   "stop it before re-running") from None
+            time.sleep(0.05)
+
+
 def _remove_db(path: Path) -> None:
     for p in (path, path.with_name(path.name + "-lock")):
         p.unlink(missing_ok=True)
@@ -229,11 +244,7 @@ class _ShardWriter:
                         readahead=False, meminit=False, max_dbs=0, lock=True)
         lockf = open(self.partial, "rb")
         try:
-            try:
-                fcntl.flock(lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(f"another process is writing {self.partial}; wait for it "
-                                   "or stop it before re-running") from None
+            _lock_or_fail(lockf, self.partial)
             meta = self._load_or_start(env)
             self._write_records(env, meta, start, stop)
             meta.complete = True
