@@ -314,17 +314,45 @@ def bench_cmd(args, run: dict, n_images: int) -> list[str]:
     return cmd
 
 
+def contended(rec: dict, max_others: float) -> bool:
+    """The run was disturbed: someone else dropped the page cache, or used more than
+    ``max_others`` % of a core meanwhile."""
+    others = (rec.get("cpu_account") or {}).get("others_cpu_pct") or 0.0
+    return bool(rec.get("disturbed")) or others > max_others
+
+
+def retry(once, max_others: float, attempts: int, what: str) -> dict:
+    """Call ``once(force)`` until a run is not :func:`contended` (at most ``attempts``
+    times); return the clean run, else the least disturbed one (flagged)."""
+    best = None
+    for attempt in range(attempts):
+        rec = once(attempt > 0)
+        if rec.get("_cached"):
+            return rec
+        rec["attempt"] = attempt + 1
+        if not contended(rec, max_others):
+            rec["contended"] = False
+            return rec
+        others = (rec.get("cpu_account") or {}).get("others_cpu_pct")
+        log(f"{what}: disturbed (others' CPU {others} %, cache dropped by others: "
+            f"{rec.get('disturbed')}); attempt {attempt + 1}/{attempts}")
+        if best is None or (others or 0) < ((best.get("cpu_account") or {}).get("others_cpu_pct") or 0):
+            best = rec
+    best["contended"] = True
+    return best
+
+
 def do_run(args, run: dict, n_images: int) -> dict:
-    force = args.force
-    try:
-        for attempt in range(3):
-            rec = _do_run(args, run, n_images)
-            if not rec.get("disturbed"):
-                break
-            log(f"{run['id']}: the page cache was dropped by someone else during the run; redo")
-            args.force = True
-    finally:
-        args.force = force
+    def once(force: bool) -> dict:
+        saved, args.force = args.force, args.force or force
+        try:
+            return _do_run(args, run, n_images)
+        finally:
+            args.force = saved
+
+    rec = retry(once, args.max_others, args.attempts, run["id"])
+    if not rec.get("_cached"):
+        (paths(args)["raw"] / f"{run['id']}.json").write_text(json.dumps(rec, indent=2))
     return rec
 
 
@@ -334,7 +362,7 @@ def _do_run(args, run: dict, n_images: int) -> dict:
     out = p["raw"] / f"{run['id']}.json"
     if out.exists() and not args.force:
         log(f"{run['id']}: kept {out} (--force to redo)")
-        return json.loads(out.read_text())
+        return {**json.loads(out.read_text()), "_cached": True}
     if run["cache"] == "hddsim":
         wait_iostudy(enabled=args.wait)
     warm = None
@@ -392,7 +420,8 @@ def report(args) -> None:
                          "load_after": rec["load_after"], "busy_before": rec["busy_before"],
                          "cpu_busy_before": rec.get("cpu_busy_before"), "run_id": rec["run"]["id"],
                          "command": rec["command"], "git": rec.get("git"),
-                         "cpu_account": rec.get("cpu_account"),
+                         "cpu_account": rec.get("cpu_account"), "contended": rec.get("contended"),
+                         "attempt": rec.get("attempt"),
                          "pct_hdd": pct_hdd(r["mb_per_s"])
                          if cache == "hddsim" else None})
 
@@ -509,7 +538,8 @@ def _markdown(doc: dict, lim, flim) -> str:
                  f"{fmt(r['first_batch_s'], '.2f')} | {fmt(r['peak_pss_mb'], '.0f')} | "
                  f"{fmt(r['peak_uss_mb'], '.0f')} | {fmt(r['cpu_percent'], '.0f')} | "
                  f"{' / '.join(str(x) for x in r['load_before'])} | "
-                 f"{fmt((r.get('cpu_account') or {}).get('others_cpu_pct'), '.0f')} | {_commit(r)} |")
+                 f"{fmt((r.get('cpu_account') or {}).get('others_cpu_pct'), '.0f')}"
+                 f"{' (!)' if r.get('contended') else ''} | {_commit(r)} |")
     L += ["", "\\* seqloader full-mode MB/s = images/s x the mean encoded size (estimated); "
           "all other MB/s count the bytes read.", ""]
     if lim:
@@ -557,6 +587,10 @@ def main() -> int:
     ap.add_argument("--wait", action="store_true", help="wait for a quiet machine / iostudy")
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--force", action="store_true", help="redo runs whose results exist")
+    ap.add_argument("--max-others", type=float, default=10.0,
+                    help="redo a run if other processes used more than this %% of a core "
+                         "meanwhile (%(default)s)")
+    ap.add_argument("--attempts", type=int, default=3, help="at most this many tries per run")
     args = ap.parse_args()
     phases = {x for v in (args.phase or ["all"]) for x in v.split(",")}
     if "all" in phases:

@@ -200,6 +200,7 @@ def main() -> int:
     prev_end = None
     try:
         for e in range(args.epochs):
+            eacct = CpuAccount()
             t0 = time.perf_counter()
             it = iter(loader)
             first = None
@@ -215,7 +216,7 @@ def main() -> int:
             s = sampler.take()
             row = {"epoch": e, "images": n, "batches": len(loader), "seconds": round(dt, 2),
                    "images_per_s": round(n / dt, 1), "first_batch_s": round(first, 3),
-                   "load": loadavg(), **s}
+                   "load": loadavg(), "others_cpu_pct": eacct.result()["others_cpu_pct"], **s}
             epochs.append(row)
             log(f"epoch {e}: {n} img in {dt:.1f} s ({n / dt:.0f}/s), first batch {first:.2f} s, "
                 f"peak PSS {s['peak_pss_mb']} MB (anon {s['peak_pss_anon_mb']}, file "
@@ -257,16 +258,20 @@ def write_md(doc: dict) -> None:
          "multiprocessing's resource tracker), sampled every 0.2 s from smaps_rollup. PSS = "
          "PSS anon + PSS file (mapped file pages: libraries and the database's memory map) + "
          "PSS shmem (the shared-memory batch buffers). USS = private pages (includes file pages "
-         "mapped by one process only). MB = 10^6 B. Load = 1/5/15-min average after the epoch; "
-         f"before the run: {' / '.join(map(str, doc['load_before']))}.", "",
+         "mapped by one process only). MB = 10^6 B. Load = 1/5/15-min average after the epoch "
+         f"(our 3 processes keep it near 2); before the run: {' / '.join(map(str, doc['load_before']))}. "
+         "Others' CPU % = CPU used by other processes on the machine during the epoch, in % of "
+         f"one core. Code: commit {doc.get('git', {}).get('commit')}"
+         f"{' with uncommitted edits' if doc.get('git', {}).get('dirty') else ''}.", "",
          "| epoch | s | images/s | first batch (s) | peak PSS | PSS anon | PSS file | PSS shmem | "
-         "peak USS | peak anon RSS | peak RSS | load |",
-         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+         "peak USS | peak anon RSS | peak RSS | load | others' CPU % |",
+         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in E:
         L.append(f"| {r['epoch']} | {r['seconds']:.1f} | {r['images_per_s']:.0f} | "
                  f"{r['first_batch_s']:.2f} | {r['peak_pss_mb']:.0f} | {r['peak_pss_anon_mb']:.0f} | "
                  f"{r['peak_pss_file_mb']:.0f} | {r['peak_pss_shmem_mb']:.0f} | {r['peak_uss_mb']:.0f} | "
-                 f"{r['peak_anon_mb']:.0f} | {r['peak_rss_mb']:.0f} | {' / '.join(map(str, r['load']))} |")
+                 f"{r['peak_anon_mb']:.0f} | {r['peak_rss_mb']:.0f} | {' / '.join(map(str, r['load']))} | "
+                 f"{fmt(r.get('others_cpu_pct'), '.0f')} |")
     L += ["", "(epoch 0's first batch includes constructing the Loader and starting the workers.)",
           "", "## The documented bound, from the Loader's settings", "",
           f"* shared-memory batch buffers: num_workers x prefetch x `spec.slot_nbytes` = "

@@ -44,7 +44,7 @@ T_START = time.time()
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from hdd_compare import (HDD_MBPS, HDDSIM, MiB, REPO, RESULTS, CpuAccount, drops, fmt, git_state,  # noqa: E402
+from hdd_compare import (HDD_MBPS, HDDSIM, MiB, REPO, RESULTS, CpuAccount, drops, retry, fmt, git_state,  # noqa: E402
                          log, loadavg, machine, machine_md, run_cmd, tree_files, wait_iostudy, wait_quiet,
                          warm_files)
 
@@ -143,10 +143,27 @@ def done(args, rid: str) -> dict | None:
     f = raw_dir() / f"{rid}.json"
     if f.exists() and not args.force:
         log(f"{rid}: kept {f} (--force to redo)")
-        return json.loads(f.read_text())
+        return {**json.loads(f.read_text()), "_cached": True}
     return None
 
 
+def retried(fn):
+    """Redo a run disturbed by other users (see hdd_compare.retry); save the one kept."""
+    def wrapper(args, rid, *a, **kw):
+        def once(force):
+            saved, args.force = args.force, args.force or force
+            try:
+                return fn(args, rid, *a, **kw)
+            finally:
+                args.force = saved
+        rec = retry(once, args.max_others, args.attempts, rid)
+        if not rec.get("_cached"):
+            save(rid, rec)
+        return rec
+    return wrapper
+
+
+@retried
 def run_preprocess(args, rid: str, tree: Path, extra: list[str], hdd: bool) -> dict:
     rec = done(args, rid)
     if rec:
@@ -188,6 +205,7 @@ def run_preprocess(args, rid: str, tree: Path, extra: list[str], hdd: bool) -> d
     return save(rid, rec)
 
 
+@retried
 def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
     rec = done(args, rid)
     if rec:
@@ -227,9 +245,9 @@ def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
     return save(rid, rec)
 
 
-def run_decode_rate(args, tree: Path) -> dict:
+@retried
+def run_decode_rate(args, rid: str, tree: Path) -> dict:
     """Single-process cv2.imdecode (and prepare_image) images/s over a sample of the files."""
-    rid = "decode-rate-10k"
     rec = done(args, rid)
     if rec:
         return rec
@@ -268,8 +286,17 @@ def run_decode_rate(args, tree: Path) -> dict:
 
 # =========================================================================== report
 
+def _tag(r: dict) -> str:
+    """commit (+edits) and the other users' CPU share during the run."""
+    g = r.get("git") or {}
+    c = r.get("cpu_account") or {}
+    return (f"{g.get('commit', '?')}{' +edits' if g.get('dirty') else ''} | "
+            f"{fmt(c.get('others_cpu_pct'), '.0f')}{' (!)' if r.get('contended') else ''}")
+
+
 def report(args) -> None:
     recs = {f.stem: json.loads(f.read_text()) for f in sorted(raw_dir().glob("*.json"))}
+    recs = {k: v for k, v in recs.items() if not k.startswith("_")}
     m = machine(args.data)
     L = ["# Preprocessing: `preprocess_sequential.py` vs reading the sources", "",
          f"Measured by `benchmarks/preprocess_bench.py`. **Machine.** {machine_md(m)}", "",
@@ -283,8 +310,8 @@ def report(args) -> None:
          "load average before the run.", ""]
     cat = recs.get("hdd-cat-sorted-10k")
     L += ["## (a) Cold, under hddsim (100 IO/s, 150 MiB/s): reading the sources vs preprocessing",
-          "", "| what (10k images) | seconds | images/s | MB/s | % of 150 MiB/s | ratio to sorted `cat` | start-up s | load before |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+          "", "| what (10k images) | seconds | images/s | MB/s | % of 150 MiB/s | ratio to sorted `cat` | start-up s | load before | commit | others' CPU % |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     goals = []
     for rid, label in (("hdd-cat-sorted-10k", "`cat` every file, sorted (`find | sort -z | xargs -0 cat`)"),
                        ("hdd-cat-shuffled-10k", "`cat` every file, in the writer's shuffled order"),
@@ -299,21 +326,21 @@ def report(args) -> None:
         st = (r.get("child") or {}).get("startup_s")
         L.append(f"| {label} | {fmt(s)} | {fmt(r.get('images_per_s'))} | {fmt(r.get('mb_per_s'))} | "
                  f"{fmt(r['mb_per_s'] * 1e6 / (HDD_MBPS * MiB) * 100 if r.get('mb_per_s') else None, '.0f')} | "
-                 f"{fmt(ratio, '.2f')} | {fmt(st)} | {' / '.join(map(str, r['load_before']))} |")
+                 f"{fmt(ratio, '.2f')} | {fmt(st)} | {' / '.join(map(str, r['load_before']))} | {_tag(r)} |")
         if rid.startswith("hdd-preprocess") and ratio is not None:
             goals.append({"name": f"{rid}: preprocess time / sorted cat time", "value": round(ratio, 3),
                           "target": "<= 1.3", "met": ratio <= 1.3})
     dec = recs.get("decode-rate-10k")
     L += ["", "## (b) Warm page cache, 10k images", "",
-          "| run | seconds | images/s | MB/s | CPU s | peak RSS (MB) | load before |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+          "| run | seconds | images/s | MB/s | CPU s (whole process) | peak RSS (MB) | load before | commit | others' CPU % |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     for rid, label in (("warm-noverify-10k", "`--no-verify`"), ("warm-verify-10k", "verify (default)")):
         r = recs.get(rid)
         if not r or not r.get("child"):
             continue
         c = r["child"]
         L.append(f"| {label} | {c['run_s']:.1f} | {fmt(r['images_per_s'])} | {fmt(r['mb_per_s'])} | "
-                 f"{c['cpu_s']:.1f} | {c['peak_rss_mb']:.0f} | {' / '.join(map(str, r['load_before']))} |")
+                 f"{c['cpu_s']:.1f} | {c['peak_rss_mb']:.0f} | {' / '.join(map(str, r['load_before']))} | {_tag(r)} |")
     nv, v = recs.get("warm-noverify-10k"), recs.get("warm-verify-10k")
     if nv and nv.get("images_per_s"):
         goals.append({"name": "warm --no-verify images/s", "value": nv["images_per_s"],
@@ -334,8 +361,8 @@ def report(args) -> None:
     L += ["", "## (c) Peak memory of the preprocess process (warm, verify on)", "",
           "Base = the process after its imports (Python, seqloader, torch, OpenCV), before "
           "preprocessing starts.", "",
-          "| images | seconds | images/s | peak RSS (MB) | peak anonymous (MB) | ru_maxrss (MB) | base RSS / anon (MB) | load before |",
-          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+          "| images | seconds | images/s | peak RSS (MB) | peak anonymous (MB) | ru_maxrss (MB) | base RSS / anon (MB) | load before | commit | others' CPU % |",
+          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     mem = []
     for k in SIZES:
         r = recs.get(f"mem-{k}")
@@ -346,7 +373,7 @@ def report(args) -> None:
         L.append(f"| {r['images']} | {c['run_s']:.1f} | {fmt(r['images_per_s'])} | "
                  f"{c['peak_rss_mb']:.0f} | {c['peak_anon_mb']:.0f} | {c['ru_maxrss_mb']:.0f} | "
                  f"{c.get('base_rss_mb', 0):.0f} / {c.get('base_anon_mb', 0):.0f} | "
-                 f"{' / '.join(map(str, r['load_before']))} |")
+                 f"{' / '.join(map(str, r['load_before']))} | {_tag(r)} |")
     if len(mem) >= 2:
         growth = mem[-1] - mem[0]
         goals.append({"name": "peak anonymous memory growth 5k -> 20k images (MB)",
@@ -380,6 +407,9 @@ def main() -> int:
     ap.add_argument("--wait", action="store_true")
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--max-others", type=float, default=10.0,
+                    help="redo a run if other processes used more than this %% of a core")
+    ap.add_argument("--attempts", type=int, default=3)
     ap.add_argument("--decode-sample", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
@@ -397,7 +427,7 @@ def main() -> int:
         if ok("warm-verify-10k"):
             run_preprocess(args, "warm-verify-10k", t["10k"], [], hdd=False)
         if ok("decode-rate-10k"):
-            run_decode_rate(args, t["10k"])
+            run_decode_rate(args, "decode-rate-10k", t["10k"])
     if "memory" in phases:
         for k in SIZES:
             if ok(f"mem-{k}"):
