@@ -180,7 +180,8 @@ class Loader:
         if self._feeder is None:
             self._feeder = Feeder(self.db, seed=spec.seed, rank=spec.rank, shuffle=spec.shuffle,
                                   cache=spec.cache, warmup=spec.warmup,
-                                  prefetch_bytes=spec.prefetch_bytes)
+                                  prefetch_bytes=spec.prefetch_bytes,
+                                  fault_in=spec.mode == "raw" or self.num_workers == 0)
         try:
             for j, n, (labels, samples), raw, slot in self._batches(spec, plan, first):
                 batch = self._materialize(spec, labels, samples, raw, slot)
