@@ -97,16 +97,20 @@ class Feeder:
         for out in buf.drain():
             yield index_of(out), held.pop(out)
 
-    def batches(self, plan: EpochPlan, first: int = 0) -> Iterator[tuple[int, Batch]]:
+    def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True
+                ) -> Iterator[tuple[int, Batch]]:
         """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
         Values are zero-copy views, valid until :meth:`close`; use a batch before asking
-        for the next (its pages are then unmapped; the values stay valid)."""
+        for the next (with ``release``, its pages are then unmapped; the values stay
+        valid).  A caller that only copies values out with ``self.reader.copy_into``
+        maps no pages and passes ``release=False``."""
         sizes = plan.batch_sizes
         records = self.records(plan.epoch, plan.ranges, sum(sizes[:first]))
         for j in range(first, len(sizes)):
             batch = [next(records) for _ in range(sizes[j])]
             yield j, batch
-            self.reader.release([v for _, v in batch])  # used: see NOTE [ mapped pages ]
+            if release:
+                self.reader.release([v for _, v in batch])  # used: see NOTE [ mapped pages ]
 
     def close(self) -> None:
         self.reader.close()

@@ -31,6 +31,8 @@ NOTE [ worker lifecycle ]
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -83,10 +85,10 @@ def _describe_exit(code: int | None) -> str:
 
 # ------------------------------------------------------------------ worker side
 
-def _prepare_process(main_pid: int) -> None:
+def _prepare_process(main_pid: int, torch_ops: bool = True) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
-    limit_worker_threads()
+    limit_worker_threads(torch_ops)
 
 
 def _get(conn: Connection, main_pid: int) -> Any:
@@ -101,7 +103,8 @@ def _get(conn: Connection, main_pid: int) -> Any:
 
 def _worker_main(spec: ProducerSpec, worker: int, conn: Connection, names: list[str],
                  generation: Any, main_pid: int) -> None:
-    _prepare_process(main_pid)
+    _prepare_process(main_pid, torch_ops=spec.transform is not None or
+                     spec.target_transform is not None)
     shms = [SharedMemory(name) for name in names]
     conn.send(("ready", os.getpid()))
     try:
@@ -125,10 +128,10 @@ def _worker_main(spec: ProducerSpec, worker: int, conn: Connection, names: list[
 
 def _decode(spec: ProducerSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
             offsets: list[int], indices: list[int], inline: list[bytes] | None) -> tuple:
-    labels, samples, inp = slot_views(buf, spec, n)
+    labels, samples, whole = slot_views(buf, spec, n)
     try:
         values = inline if inline is not None else [
-            inp[offsets[i]:offsets[i + 1]].data for i in range(n)]
+            whole[offsets[i]:offsets[i + 1]].data for i in range(n)]
         decode_batch(spec, values, indices, labels, samples,
                      batch_rng(spec.seed, epoch, spec.rank, j))
         return ("done", epoch, j, slot)
@@ -137,7 +140,7 @@ def _decode(spec: ProducerSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
     except Exception as e:  # pragma: no cover - decode_batch wraps per-record errors
         return ("error", epoch, j, slot, f"{type(e).__name__}: {e}", traceback.format_exc())
     finally:
-        del labels, samples, inp
+        del labels, samples, whole
 
 
 # ------------------------------------------------------------------ parent side
@@ -171,6 +174,19 @@ def _shutdown(procs: list, conns: list[Connection], shms: list[SharedMemory]) ->
             pass
 
 
+@contextlib.contextmanager
+def _frozen_gc() -> Iterator[None]:
+    """Around forking workers: move the parent's objects to the collector's permanent
+    generation, so the children's collections never write to them -- otherwise every
+    page of the parent's heap they touch becomes a private copy (measured: ~40 MB of
+    PSS less over 2 workers).  The parent unfreezes right after."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class _ReaderThread(threading.Thread):
     """Feeds batches of encoded records into free buffers and hands them to workers."""
 
@@ -193,20 +209,21 @@ class _ReaderThread(threading.Thread):
         pool, spec = self.pool, self.pool.spec
         gen = pool._generation.value
         try:
-            for j, recs in self.feeder.batches(self.plan, self.first):
+            copy_into = self.feeder.reader.copy_into
+            for j, recs in self.feeder.batches(self.plan, self.first, release=False):
                 slot = self._slot()
                 if slot is None:
                     return
-                _, _, inp = slot_views(pool._shms[slot].buf, spec, 0)
-                offsets, inline = [0], None
-                total = sum(len(v) for _, v in recs)
-                if total <= len(inp):
-                    for _, v in recs:
-                        inp[offsets[-1]:offsets[-1] + len(v)] = np.frombuffer(v, np.uint8)
+                _, _, whole = slot_views(pool._shms[slot].buf, spec, 0)
+                start = spec.input_start([len(v) for _, v in recs])
+                offsets, inline = [start], None
+                if start is not None:  # NOTE [ batch buffer layout ]
+                    for _, v in recs:  # pread from the page cache: maps no file pages
+                        copy_into(v, whole[offsets[-1]:offsets[-1] + len(v)])
                         offsets.append(offsets[-1] + len(v))
                 else:
                     inline = [bytes(v) for _, v in recs]
-                del inp
+                del whole
                 w = self.plan.worker_of(j)
                 with pool._locks[w]:
                     pool._conns[w].send(("batch", gen, self.plan.epoch, j, slot, len(recs),
@@ -266,7 +283,7 @@ class WorkerPool:
                           for _ in range(self.num_workers * self.prefetch)]
             self._generation = self.ctx.RawValue("q", 0)
             names = [s.name for s in self._shms]
-            with forking_single_threaded(self.ctx.get_start_method()):
+            with forking_single_threaded(self.ctx.get_start_method()), _frozen_gc():
                 for w in range(self.num_workers):
                     parent, child = self.ctx.Pipe(duplex=True)
                     p = self.ctx.Process(target=_worker_main, name=f"seqloader-worker-{w}",

@@ -62,9 +62,23 @@ def _map_base(path: str) -> int | None:
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
     _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
     _LIBC = None
 _MADV_DONTNEED = 4
+
+
+_UNMAP_EVERY = 4 << 20
+
+
+def _unmap(start: int, length: int) -> None:
+    """Drop ``[start, start + length)`` of a read-only file mapping from this process's
+    page tables (the page cache keeps the bytes).  LMDB's cursor touches each record's
+    first page as it passes, and the kernel maps up to 64 KiB of cached neighbours
+    around every fault ("fault-around"), so a walk that never reads the map still
+    leaves it mapped -- 100 KB per record -- unless it is released."""
+    if _LIBC is not None and length > 0:
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_DONTNEED)
 
 
 def _touch(view: memoryview) -> None:
@@ -111,30 +125,73 @@ class _Shard:
         os.close(self.fd_through)
 
 
+def _resident(addr: int, n: int, vec: ctypes.Array) -> bool:
+    """All pages of the mapped range ``[addr, addr + n)`` are in the page cache
+    (``mincore``).  False when unsure (no libc, an error, or a kernel that only
+    reports pages this process has mapped -- then the range is simply read)."""
+    if _LIBC is None or n <= 0:
+        return False
+    start = addr & ~(_PAGE - 1)
+    pages = (addr + n - start + _PAGE - 1) // _PAGE
+    if pages > len(vec):
+        return False
+    if _LIBC.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * _PAGE), vec) != 0:
+        return False
+    return all(b & 1 for b in bytes(vec)[:pages])
+
+
 class _Prefetcher(threading.Thread):
-    """Reads queued ``(fd, offset, length)`` spans with large ``pread`` calls, so their
-    pages are cached before the cursor touches them.  Errors are ignored: the cursor
-    then simply reads the pages itself (and reports real errors)."""
+    """Reads queued blocks ``(key, fd, offset, length, address)`` with large ``pread``
+    calls, so their pages are cached before the cursor needs them; blocks already in
+    the page cache are skipped without copying (``mincore``).  ``done`` is the key of
+    the last block known to be cached -- keys increase in queue order, and a failed
+    read stops ``done`` from advancing.  Errors are otherwise ignored: the cursor then
+    reads the pages itself (and reports real errors)."""
 
     BLOCK = 16 << 20
+    FIRST_BLOCK = 2 << 20  # an epoch's first blocks ramp up from here (first batch sooner)
 
     def __init__(self) -> None:
         super().__init__(name="seqloader-readahead", daemon=True)
         self.spans: queue.Queue = queue.Queue()
         self.buf = bytearray(self.BLOCK)
+        self.vec = (ctypes.c_ubyte * (self.BLOCK // _PAGE + 1))()
+        self.done: tuple = ()
+        self.failed_key: tuple | None = None
+        self.skipped = self.read_bytes = 0  # blocks found cached, bytes read
 
     def run(self) -> None:
         view = memoryview(self.buf)
         while (item := self.spans.get()) is not None:
-            fd, off, n = item
+            key, fd, off, n, addr = item
+            if self.failed_key is not None and key[0] == self.failed_key[0]:
+                continue  # this pass already failed: the cursor reads the rest itself
+            if addr is not None and _resident(addr, n, self.vec):
+                self.skipped += 1
+                self.done = key
+                continue
             try:
                 while n > 0:
                     got = os.preadv(fd, [view[:min(n, self.BLOCK)]], off)
                     if got <= 0:
-                        break
+                        raise OSError("short read")
                     off, n = off + got, n - got
+                    self.read_bytes += got
             except OSError:
-                pass
+                self.failed_key = key
+                continue
+            self.done = key
+
+    def discard_queued(self) -> None:
+        """Forget blocks queued by an earlier pass (an epoch that was cut short)."""
+        try:
+            while True:
+                item = self.spans.get_nowait()
+                if item is None:  # keep a stop request
+                    self.spans.put(None)
+                    return
+        except queue.Empty:
+            pass
 
     def stop(self) -> None:
         self.spans.put(None)
@@ -159,6 +216,7 @@ class RangeReader:
         self._shards: list[_Shard] | None = None
         self._prefetcher: _Prefetcher | None = None
         self._scratch = bytearray(0)
+        self._passes = 0
         # NOTE [ fault or pread ]: how the cursor brings records in, in file order.
         # Measured under hddsim (cold, 2 GB, batch 256): faulting the map in (fault_in)
         # reads 148 MB/s when nothing else runs (raw mode), but with two decoders busy
@@ -192,15 +250,23 @@ class RangeReader:
         shards = self._open()
         parts = self._split(ranges)
         window = self.prefetch_bytes
-        if window and self._prefetcher is None:
-            self._prefetcher = _Prefetcher()
-            self._prefetcher.start()
+        pref = self._prefetcher
+        if window and pref is None:
+            pref = self._prefetcher = _Prefetcher()
+            pref.start()
+        if pref is not None:
+            pref.discard_queued()
+        self._passes += 1
+        pass_id = self._passes
         advised = consumed = 0
+        block = _Prefetcher.FIRST_BLOCK
         nxt, span = 0, None  # next part to advise, and what is left of its byte span
 
         def advise_more() -> None:
-            nonlocal advised, nxt, span
-            while advised - consumed < window:
+            # The window opens gradually (a pass's first records arrive after a small
+            # read, and later parts' spans are looked up only when needed).
+            nonlocal advised, nxt, span, block
+            while advised - consumed < min(window, 2 * consumed + _Prefetcher.BLOCK):
                 if span is None:
                     if nxt >= len(parts):
                         return
@@ -210,15 +276,17 @@ class RangeReader:
                         continue
                     span = (s, *shards[s].span(a, b))
                 s, start, end = span
-                n = min(_Prefetcher.BLOCK, end - start)
-                self._prefetcher.spans.put((shards[s].fd, start, n))
+                n = min(block, end - start)
+                block = min(2 * block, _Prefetcher.BLOCK)
+                sh = shards[s]
+                pref.spans.put(((pass_id, nxt, start + n), sh.fd, start, n, sh.base + start))
                 advised += n
                 if start + n >= end:
                     span, nxt = None, nxt + 1
                 else:
                     span = (s, start + n, end)
 
-        for s, a, b in parts:
+        for i, (s, a, b) in enumerate(parts):
             sh = shards[s]
             if window:
                 advise_more()
@@ -226,32 +294,58 @@ class RangeReader:
             if not cur.set_key(encode_key(a)):
                 raise FormatError(f"{sh.path}: record {a} is missing; run `seqloader verify`")
             base = self._offsets[s]
+            mark = None  # start of the walked range still mapped (NOTE [ mapped pages ])
             for local in range(a, b):
                 value = cur.value()
                 if self.fault_in:
                     _touch(value)
                     self.release((value,))  # read in order now; used later from the page cache
+                elif sh.base is None:
+                    _touch(value)
                 else:
-                    self._read_through(sh, value)
+                    addr = _address(value)
+                    end = addr - sh.base + len(value)
+                    if pref is None or pref.done < (pass_id, i, end):
+                        self._read_through(sh, value, end)
+                    page = addr & ~(_PAGE - 1)
+                    if mark is None:
+                        mark = page
+                    elif page - mark >= _UNMAP_EVERY:
+                        _unmap(mark, page - mark)
+                        mark = page
                 yield base + local, value
                 consumed += len(value)
                 if window and advised - consumed < window // 2:
                     advise_more()
                 if local + 1 < b and not cur.next():
                     raise FormatError(f"{sh.path}: ends after record {local}, before {b - 1}")
+            if mark is not None:
+                _unmap(mark, sh.base + end - mark)
 
-    def _read_through(self, sh: "_Shard", value: memoryview) -> None:
-        """Bring ``value``'s bytes into the page cache now, in file order, with ``pread``
-        (which releases the GIL while it waits for the disk, unlike a page fault taken
-        while touching the map).  Records are used later, in shuffled order, from the
-        page cache."""
+    def _read_through(self, sh: "_Shard", value: memoryview, end: int) -> None:
+        """Bring ``value``'s bytes (ending at file offset ``end``) into the page cache now,
+        in file order, with ``pread`` -- which releases the GIL while it waits for the
+        disk, unlike a page fault taken while touching the map.  Records are used later,
+        in shuffled order, from the page cache.  Skipped when the readahead thread has
+        already read them."""
         n = len(value)
-        if not n or sh.base is None:
-            _touch(value)
-            return
         if len(self._scratch) < n:
             self._scratch = bytearray(max(n, 1 << 20))
-        os.preadv(sh.fd_through, [memoryview(self._scratch)[:n]], _address(value) - sh.base)
+        os.preadv(sh.fd_through, [memoryview(self._scratch)[:n]], end - n)
+
+    def copy_into(self, value: memoryview, out: np.ndarray) -> None:
+        """Copy a value yielded by :meth:`read` into ``out`` (a uint8 array of its length)
+        with ``pread``, from the page cache, without touching the map -- so no page of
+        the file becomes mapped in this process (see NOTE [ mapped pages ])."""
+        n = len(value)
+        if n:
+            addr = _address(value)
+            for sh in self._shards or ():
+                if sh.base is not None and sh.base <= addr < sh.base + sh.size:
+                    if os.preadv(sh.fd_through, [out], addr - sh.base) == n:
+                        return
+                    break
+        out[:] = np.frombuffer(value, np.uint8)
 
     def get(self, index: int) -> memoryview:
         """Random access to one record (used to refill a shuffle buffer on resume)."""
@@ -271,8 +365,7 @@ class RangeReader:
             if len(v):
                 addr = _address(v)
                 start = addr & ~(_PAGE - 1)
-                _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(addr + len(v) - start),
-                              _MADV_DONTNEED)
+                _unmap(start, addr + len(v) - start)
 
     def close(self) -> None:
         """Close the environments; values yielded earlier become invalid."""

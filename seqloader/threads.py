@@ -48,15 +48,18 @@ def _mark_forked() -> None:
 os.register_at_fork(after_in_child=_mark_forked)
 
 
-def limit_worker_threads() -> None:
+def limit_worker_threads(torch_ops: bool = True) -> None:
     """In a worker process: one OpenCV/torch/OpenMP thread (one process per core).
     A forked child already inherited single-threaded OpenCV from
-    :func:`forking_single_threaded` and must not touch it."""
+    :func:`forking_single_threaded` and must not touch it.  ``torch_ops=False``: the
+    worker runs no torch operations (seqloader's fused transforms, raw records), so
+    torch's thread pool is left alone -- setting it faults in torch code, which on a
+    cold page cache costs a second of disk reads."""
     os.environ["OMP_NUM_THREADS"] = "1"
     if not _FORKED:
         import cv2
         cv2.setNumThreads(1)
-    if "torch" in sys.modules:
+    if torch_ops and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
 
 

@@ -1,0 +1,152 @@
+"""The sequential reader's memory and I/O contracts, and the batch-buffer layout."""
+from __future__ import annotations
+
+import types
+import warnings
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import seqloader.transforms as T
+from seqloader import Loader, WriteOptions, preprocess
+from seqloader.database import close_env, open_database, open_env
+from seqloader.format import encode_key
+from seqloader.producer import ProducerSpec
+from seqloader.reader import RangeReader
+
+from conftest import raw_items
+
+
+def _noise_jpeg(path, side, seed):
+    img = np.random.default_rng(seed).integers(0, 256, (side, side, 3), np.uint8)
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    assert ok
+    path.write_bytes(buf.tobytes())
+
+
+@pytest.fixture(scope="module")
+def big_db(tmp_path_factory):
+    """~25 MB: 2 classes x 60 noise JPEGs of ~170 KB, plus one of ~4 MB."""
+    root = tmp_path_factory.mktemp("bigtree")
+    for c in range(2):
+        d = root / "train" / f"n{c:08d}"
+        d.mkdir(parents=True)
+        for i in range(60):
+            _noise_jpeg(d / f"img_{i}.JPEG", 400, 100 * c + i)
+    _noise_jpeg(root / "train" / "n00000001" / "huge.JPEG", 1400, 7)
+    out = tmp_path_factory.mktemp("biglmdb")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preprocess(root, out, options=WriteOptions(progress=False, workers=2))
+    return open_database(out / "ILSVRC-train.lmdb")
+
+
+def _mapped_kb(path) -> int:
+    """Resident kB of this process's mappings of ``path``."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and len(parts) >= 5:
+                current = parts[5] if len(parts) > 5 else None
+            elif parts[0] == "Rss:" and current == str(path):
+                total += int(parts[1])
+    return total
+
+
+def test_walk_does_not_leave_the_file_mapped(big_db):
+    path = big_db.paths[0].resolve()
+    size_kb = path.stat().st_size // 1024
+    assert size_kb > 20_000
+    # control: a plain LMDB cursor walk maps most of the file (LMDB touches each value,
+    # the kernel maps its neighbours), so the check below can fail
+    env = open_env(path)
+    try:
+        with env.begin(buffers=True) as txn:
+            cur = txn.cursor()
+            cur.set_key(encode_key(0))
+            n = sum(len(cur.value()) > 0 for _ in iter(cur.next, False))
+            assert n > 100
+            assert _mapped_kb(path) > size_kb // 2
+    finally:
+        close_env(env)
+    reader = RangeReader(big_db, fault_in=False)
+    try:
+        values = [v for _, v in reader.read([(0, big_db.num_records)])]
+        assert len(values) == big_db.num_records
+        assert _mapped_kb(path) < 6 * 1024  # at most ~one unmapping step (4 MiB) + B-tree
+        out = np.empty(max(len(v) for v in values), np.uint8)
+        copies = []
+        for v in values:  # copies go through pread: still nothing mapped
+            reader.copy_into(v, out[:len(v)])
+            copies.append(out[:len(v)].tobytes())
+        assert _mapped_kb(path) < 6 * 1024
+        assert copies == [v for k, v in raw_items(path) if k != b"__seqloader_meta__"]
+    finally:
+        reader.close()
+
+
+def test_readahead_skips_blocks_already_cached(big_db):
+    first = RangeReader(big_db, fault_in=False)
+    try:
+        for _ in first.read([(0, big_db.num_records)]):
+            pass
+    finally:
+        first.close()
+    with open(big_db.paths[0], "rb") as f:  # make sure all of it is in the page cache
+        while f.read(1 << 20):
+            pass
+    second = RangeReader(big_db, fault_in=False)
+    try:
+        got = [bytes(v) for _, v in second.read([(0, big_db.num_records)])]
+        pref = second._prefetcher
+        assert pref.skipped > 0 and pref.read_bytes == 0
+        assert pref.failed_key is None
+    finally:
+        second.close()
+    want = [v for k, v in raw_items(big_db.paths[0]) if k != b"__seqloader_meta__"]
+    assert got == want
+
+
+def _spec(sample_nbytes: int, mean: float, batch_size: int = 256) -> ProducerSpec:
+    db = types.SimpleNamespace(image_bytes=int(mean * 1000), num_records=1000)
+    return ProducerSpec(db=db, mode="decode", seed=0, rank=0, shuffle=True, cache=10, warmup=1,
+                        batch_size=batch_size, sample_shape=(sample_nbytes,),
+                        sample_dtype="uint8")
+
+
+def test_records_ride_at_the_end_of_the_samples_region():
+    spec = _spec(602_112, 110_000)  # 3x224x224 float32 per sample, ImageNet-sized JPEGs
+    assert spec.tail_nbytes == 1 << 20  # no separate input region
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(20_000, 400_000, 256).tolist()
+    start = spec.input_start(sizes)
+    assert start is not None and start + sum(sizes) == spec.slot_nbytes
+    ends = start + np.cumsum(sizes)
+    for i in range(255):  # record i+1 begins after sample i ends
+        assert ends[i] >= 8 * 256 + (i + 1) * 602_112
+    assert spec.input_start([602_112 * 3] + [1000] * 255) is not None
+    assert spec.input_start([1000] * 255 + [602_112 * 3]) is None  # a huge last record
+    small = _spec(768, 110_000, batch_size=4)  # tiny outputs: the records need a tail
+    assert small.tail_nbytes > 4 * 110_000
+    assert small.input_start([110_000] * 4) is not None
+
+
+def test_batches_that_do_not_fit_the_buffer_go_by_pipe(big_db):
+    tf = T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
+    kw = dict(batch_size=4, shuffle=False, seed=3)
+    pooled = Loader(big_db.paths[0], "train", tf, num_workers=2, **kw)
+    spec = pooled._producer_spec()
+    sizes = [len(v) for k, v in raw_items(big_db.paths[0]) if k != b"__seqloader_meta__"]
+    fits = [spec.input_start(sizes[i:i + 4]) is not None for i in range(0, len(sizes), 4)]
+    assert any(fits) and not all(fits)  # both paths are exercised
+    try:
+        got = [(x.clone(), y) for x, y in pooled]
+    finally:
+        pooled.close()
+    want = list(Loader(big_db.paths[0], "train", tf, num_workers=0, **kw))
+    assert len(got) == len(want)
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
