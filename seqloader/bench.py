@@ -36,7 +36,7 @@ decode/full, images x the database's mean encoded size: ``bytes_exact`` false);
 time to first batch (from constructing the loader and calling ``iter()`` to the
 first batch: includes worker start-up and shuffle-buffer fill); peak memory of the
 process tree (the main process and every process it starts during the run,
-sampled from ``/proc/<pid>/smaps_rollup`` every 0.2 s: sums of Rss, Pss,
+sampled from ``/proc/<pid>/smaps_rollup`` every 1 s: sums of Rss, Pss,
 USS = Private_Clean + Private_Dirty, and Anonymous); CPU utilisation (utime+stime
 of the tree over the measured wall time, in % of one core).  Rss/Pss/USS include
 file pages a process has mapped (seqloader's workers map the database, so pages of
@@ -243,7 +243,7 @@ class _TreeMonitor:
     """Samples the memory of this process plus its descendants (except ``exclude``) in
     a background thread; tracks peaks and each process's last CPU time."""
 
-    def __init__(self, exclude: Iterable[int] = (), interval: float = 0.2) -> None:
+    def __init__(self, exclude: Iterable[int] = (), interval: float = 1.0) -> None:
         self.root = os.getpid()
         self.exclude = set(exclude) - {self.root}
         self.interval = interval
@@ -252,6 +252,7 @@ class _TreeMonitor:
         self.base: dict[str, int] | None = None
         self.last_cpu: dict[int, float] = {}
         self._lock = threading.Lock()
+        self.own_cpu = 0.0  # CPU seconds spent sampling (smaps_rollup walks page tables)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -259,6 +260,14 @@ class _TreeMonitor:
         return [p for p in process_tree(self.root) if p not in self.exclude]
 
     def sample(self) -> None:
+        t0 = time.thread_time()
+        try:
+            self._sample()
+        finally:
+            with self._lock:
+                self.own_cpu += time.thread_time() - t0
+
+    def _sample(self) -> None:
         total = {"rss": 0, "pss": 0, "uss": 0, "anon": 0}
         n = 0
         for pid in self.pids():
@@ -289,13 +298,15 @@ class _TreeMonitor:
             self.last_cpu.update(snap)
         return snap
 
-    def cpu_since(self, start: dict[int, float]) -> float:
+    def cpu_since(self, start: dict[int, float], own_start: float = 0.0) -> float:
         """CPU seconds the tree used since ``start`` (processes that ended count up to
-        their last sample)."""
+        their last sample), minus what this monitor spent sampling since its
+        ``own_cpu`` was ``own_start``."""
         end = self.cpu_snapshot()
         total = sum(v - start.get(p, 0.0) for p, v in end.items())
         with self._lock:
             total += sum(self.last_cpu.get(p, v) - v for p, v in start.items() if p not in end)
+            total -= self.own_cpu - own_start
         return max(0.0, total)
 
     def _run(self) -> None:
@@ -341,7 +352,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
             seconds: float | None = None, warmup: int = 2,
             count: Callable[[Any], tuple[int, int]] | None = None,
             progress: bool = False, desc: str | None = None,
-            interval: float = 0.2) -> dict[str, Any]:
+            interval: float = 1.0) -> dict[str, Any]:
     """Time the batches of ``make_iterable()``; return a dict of figures.
 
     ``make_iterable`` is called inside the timing (construct the loader in it, so the
@@ -358,7 +369,10 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     Returns ``images, batches, bytes, seconds, images_per_s, mb_per_s, first_batch_s,
     warmup_batches, stopped`` ("batches", "seconds" or "exhausted"),
     ``peak_rss_mb, peak_pss_mb, peak_uss_mb, peak_anon_mb`` (sums over this process
-    and the processes started during the call, sampled every ``interval`` s),
+    and the processes started during the call, sampled every ``interval`` s -- each
+    sample reads ``smaps_rollup``, which walks the page tables: ~9 ms of CPU per
+    process of a full-pipeline Loader, so sampling every 0.2 s took ~6 % of a
+    2-core machine; the monitor's own CPU is left out of ``cpu_*``),
     ``base_rss_mb, base_pss_mb`` (this process at the start), ``peak_processes``,
     ``cpu_seconds`` and ``cpu_percent`` (utime+stime of that tree over the measured
     wall time; 100 = one core busy; None for windows under :data:`MIN_CPU_WINDOW`
@@ -384,7 +398,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     cpu = 0.0
     t0 = time.perf_counter()
     t_start = t_end = t0
-    cpu_start = monitor.cpu_snapshot()
+    cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
     try:
         iterable = make_iterable()
         iterator = iter(iterable)
@@ -399,7 +413,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
                 del batch
                 if warm == warmup:
                     t_start = t_end = time.perf_counter()
-                    cpu_start = monitor.cpu_snapshot()
+                    cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
                 continue
             i, b = count(batch)
             del batch
@@ -414,7 +428,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
                 stopped = "seconds"
                 break
         monitor.sample()
-        cpu = monitor.cpu_since(cpu_start)
+        cpu = monitor.cpu_since(cpu_start, own_start)
     finally:
         bar.close()
         try:
