@@ -79,7 +79,10 @@ JSON (``--json``; the only thing printed to stdout)::
                   "cpu_percent" (null under 1 s), "cpu_seconds", "cores", "cold": bool, "evicted",
                   "resident_before", "pipeline", "stopped", "warmup_batches", "epochs",
                   "per_process_images_per_s", "scale", "rehearsal_first_batch_s"
-                  (first batch of the --cold rehearsal, else null)[, "leftover_processes"]}, ...],
+                  (first batch of the --cold rehearsal, else null), "disk_mb_per_s" (what
+                  the data's block device delivered over the measured window, from
+                  sysfs: the disk's view, which a read-ahead window or a shuffle buffer
+                  cannot inflate)[, "leftover_processes"]}, ...],
      "quality": null | {"seqloader": [{"workers", "distinct_ratio",
                                        "epoch_correlation", "batch_size",
                                        "cache_per_reader", "chunk_size"} | {"workers", "error"}],
@@ -127,7 +130,8 @@ RESULT_KEYS = ("loader", "mode", "workers", "batch_size", "images", "batches", "
                "peak_rss_mb", "peak_pss_mb", "peak_uss_mb", "peak_anon_mb", "base_rss_mb",
                "base_pss_mb", "peak_processes", "cpu_percent", "cpu_seconds", "cores", "cold",
                "evicted", "resident_before", "pipeline", "stopped", "warmup_batches", "epochs",
-               "per_process_images_per_s", "scale", "rehearsal_first_batch_s")
+               "per_process_images_per_s", "scale", "rehearsal_first_batch_s",
+               "disk_mb_per_s")
 _SAMPLE = 100
 _RESIDENCY_FILES = 2000
 _DIRTY_S = 120
@@ -352,7 +356,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
             seconds: float | None = None, warmup: int = 2,
             count: Callable[[Any], tuple[int, int]] | None = None,
             progress: bool = False, desc: str | None = None,
-            interval: float = 1.0) -> dict[str, Any]:
+            interval: float = 1.0, disk: str | None = None) -> dict[str, Any]:
     """Time the batches of ``make_iterable()``; return a dict of figures.
 
     ``make_iterable`` is called inside the timing (construct the loader in it, so the
@@ -367,7 +371,9 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     ``len(batch[0])`` and 0 bytes).
 
     Returns ``images, batches, bytes, seconds, images_per_s, mb_per_s, first_batch_s,
-    warmup_batches, stopped`` ("batches", "seconds" or "exhausted"),
+    warmup_batches, stopped`` ("batches", "seconds" or "exhausted"), ``disk_mb_per_s``
+    (bytes block device ``disk`` -- e.g. ``"/dev/vda"`` -- delivered over the measured
+    window; None without ``disk``),
     ``peak_rss_mb, peak_pss_mb, peak_uss_mb, peak_anon_mb`` (sums over this process
     and the processes started during the call, sampled every ``interval`` s -- each
     sample reads ``smaps_rollup``, which walks the page tables: ~9 ms of CPU per
@@ -399,6 +405,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     t0 = time.perf_counter()
     t_start = t_end = t0
     cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
+    disk_start = disk_end = _disk_read_bytes(disk)
     try:
         iterable = make_iterable()
         iterator = iter(iterable)
@@ -414,6 +421,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
                 if warm == warmup:
                     t_start = t_end = time.perf_counter()
                     cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
+                    disk_start = _disk_read_bytes(disk)
                 continue
             i, b = count(batch)
             del batch
@@ -427,6 +435,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
             if seconds is not None and elapsed >= seconds:
                 stopped = "seconds"
                 break
+        disk_end = _disk_read_bytes(disk)
         monitor.sample()
         cpu = monitor.cpu_since(cpu_start, own_start)
     finally:
@@ -447,6 +456,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
         "mb_per_s": None if rate is None else round(n_bytes / dt / MB, 3),
         "first_batch_s": None if first_batch_s is None else round(first_batch_s, 4),
         "warmup_batches": warm, "stopped": stopped,
+        "disk_mb_per_s": (None if disk_start is None or disk_end is None or not n_batches
+                          or dt <= 0 else round((disk_end - disk_start) / dt / MB, 3)),
         "peak_rss_mb": _mb_kb(monitor.peak["rss"]), "peak_pss_mb": _mb_kb(monitor.peak["pss"]),
         "peak_uss_mb": _mb_kb(monitor.peak["uss"]), "peak_anon_mb": _mb_kb(monitor.peak["anon"]),
         "base_rss_mb": _mb_kb(base.get("rss")), "base_pss_mb": _mb_kb(base.get("pss")),
@@ -654,6 +665,19 @@ def _storage(path: str | Path) -> dict[str, Any]:
     except OSError:
         pass
     return out
+
+
+def _disk_read_bytes(device: str | None) -> int | None:
+    """Bytes read so far from block ``device`` (e.g. ``/dev/vda``), from sysfs; None if
+    unknown.  Whole-device counter: other readers of the same disk count too."""
+    if not device or not device.startswith("/dev/"):
+        return None
+    try:
+        name = os.path.basename(os.path.realpath(device))
+        with open(f"/sys/class/block/{name}/stat") as f:
+            return int(f.read().split()[2]) * 512
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _meminfo() -> dict[str, int]:
@@ -950,7 +974,8 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         row["evicted"] = True
     row["resident_before"] = _residency_of(paths, loader)
     res = measure(make, batches=args.batches, seconds=args.seconds, warmup=args.warmup,
-                  count=count, progress=progress, desc=f"{loader} {mode} w={workers}")
+                  count=count, progress=progress, desc=f"{loader} {mode} w={workers}",
+                  disk=_storage(paths[0])["device"] if paths else None)
     _wait_children_gone(res)
     row.update(res)
     if workers > 0 and res["peak_processes"] == 1:

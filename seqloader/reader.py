@@ -228,6 +228,9 @@ class RangeReader:
 
     def _open(self) -> list[_Shard]:
         if self._shards is None:
+            # (not MADV_RANDOM even without fault_in: LMDB's cursor touches the first
+            # page of every value it passes, and where it runs ahead of the readahead
+            # thread each touch would be a 4 KiB read -- ~100 records/s on an HDD)
             self._shards = [_Shard(str(p), self.readahead) for p in self.db.paths]
         return self._shards
 
