@@ -95,7 +95,8 @@ def fast_epoch_order(spec: PlanSpec, epoch: int, *, cache: int,
     n = int(starts[-1])
     if spec.shuffle:
         warmup = min(cache, spec.batch_size) if warmup is None else warmup
-        pos = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup)
+        pos = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup,
+                            eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
     else:
         pos = np.arange(n, dtype=np.int64)
     i = np.searchsorted(starts, pos, side="right") - 1

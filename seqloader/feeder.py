@@ -69,17 +69,18 @@ class Feeder:
         self.shuffle, self.cache, self.warmup = shuffle, cache, warmup
         self.reader = RangeReader(db, prefetch_bytes=prefetch_bytes, fault_in=fault_in)
 
-    def records(self, epoch: int, ranges: Sequence[tuple[int, int]], skip: int = 0
-                ) -> Iterator[tuple[int, memoryview]]:
+    def records(self, epoch: int, ranges: Sequence[tuple[int, int]], skip: int = 0,
+                eager: int = 0) -> Iterator[tuple[int, memoryview]]:
         """The stream in output (shuffled) order, minus the first ``skip`` outputs, which
-        are skipped on positions only (see NOTE [ local shuffle ])."""
+        are skipped on positions only (see NOTE [ local shuffle ]; ``eager`` as there:
+        the first batch's size)."""
         if not self.shuffle:
             yield from self.reader.read(skip_ranges(ranges, skip))
             return
         index_of = PositionMap(ranges)
         n = len(index_of)
         buf: ShuffleBuffer[int] = ShuffleBuffer(self.cache, shuffle_rng(self.seed, epoch, self.rank),
-                                                warmup=self.warmup)
+                                                warmup=self.warmup, eager=eager)
         emitted = pos = 0
         while emitted < skip and pos < n:  # fast-forward on positions, no I/O
             emitted += len(buf.push(pos))
@@ -105,7 +106,8 @@ class Feeder:
         valid).  A caller that only copies values out with ``self.reader.copy_into``
         maps no pages and passes ``release=False``."""
         sizes = plan.batch_sizes
-        records = self.records(plan.epoch, plan.ranges, sum(sizes[:first]))
+        records = self.records(plan.epoch, plan.ranges, sum(sizes[:first]),
+                               eager=sizes[0] if len(sizes) else 0)
         for j in range(first, len(sizes)):
             batch = [next(records) for _ in range(sizes[j])]
             yield j, batch

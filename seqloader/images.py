@@ -107,11 +107,22 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
     return cv2.resize(bgr, size, interpolation=cv2.INTER_AREA)
 
 
+# NOTE [ decode check ]
+# A JPEG that is stored unchanged is checked by decoding it at 1/8 scale in
+# grayscale (IMREAD_REDUCED_GRAYSCALE_8).  libjpeg still reads the headers and
+# entropy-decodes every coefficient of every component -- which is where a damaged
+# file fails -- and only the inverse DCT, upsampling and colour conversion shrink;
+# truncation is caught by the end-of-image check above (libjpeg only warns about it).
+# Images that are re-encoded (CMYK, PNG, --max-size) are decoded in full, since their
+# pixels are needed.
+
+
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
                   quality: int = 95) -> Prepared:
     """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).
 
-    With ``verify`` the image is fully decoded and JPEGs must end with an EOI marker;
+    With ``verify`` the image is decoded (NOTE [ decode check ]) and JPEGs must end with
+    an EOI marker;
     a failure gives ``Prepared(None, error=reason)``.  Without it, only the header is
     inspected (a broken file may then be stored).  Pure and thread-safe; OpenCV
     releases the GIL while decoding, so threads parallelise this.
@@ -136,6 +147,12 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
+        return Prepared(data)
+    if reason is None and (max_size is None or small_enough):
+        # stored as is: only checked -- at 1/8 scale (NOTE [ decode check ])
+        check = decode_bgr(data, cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION)
+        if check is None or check.size == 0:
+            return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
         return Prepared(data)
     bgr = decode_bgr(data)
     if bgr is None or bgr.size == 0:

@@ -33,7 +33,8 @@ def epoch_order(spec: PlanSpec, epoch: int, *, cache: int, warmup: int | None = 
     n = len(index_of)
     if spec.shuffle:
         warmup = min(cache, spec.batch_size) if warmup is None else warmup
-        order = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup)
+        order = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup,
+                              eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
     else:
         order = np.arange(n)
     return np.asarray([index_of(int(p)) for p in order], np.int64)

@@ -53,8 +53,10 @@ def _map_base(path: str) -> int | None:
 # Every page the reader touches stays mapped in this process until it is unmapped,
 # so a reader that walks a 140 GB file would show up to 140 GB of resident (if
 # reclaimable) file pages in RSS/USS, and a shuffle buffer of 5000 records 550 MB.
-# So pages are released from the page tables with madvise(MADV_DONTNEED) right after
-# the cursor has faulted them in (and again once a batch has used them).  On a
+# So pages are released from the page tables with madvise(MADV_DONTNEED): the whole
+# file every 4 MiB the cursor walks (see `_unmap`), each value right after a
+# fault-in, and a batch's values once it has been used.  Workers' batches are copied
+# out with pread (`copy_into`), which maps nothing.  On a
 # read-only shared file mapping that changes no data: the bytes stay in the page
 # cache, and using a buffered record later is a minor fault.  (Under memory pressure
 # the kernel may evict buffered records before use; they are then re-read at random
@@ -73,10 +75,14 @@ _UNMAP_EVERY = 4 << 20
 
 def _unmap(start: int, length: int) -> None:
     """Drop ``[start, start + length)`` of a read-only file mapping from this process's
-    page tables (the page cache keeps the bytes).  LMDB's cursor touches each record's
-    first page as it passes, and the kernel maps up to 64 KiB of cached neighbours
-    around every fault ("fault-around"), so a walk that never reads the map still
-    leaves it mapped -- 100 KB per record -- unless it is released."""
+    page tables (the page cache keeps the bytes; touching them again is a minor fault).
+    LMDB's cursor touches each record's first page and every B-tree page it passes,
+    and the kernel maps cached neighbours around every fault (64 KiB of "fault-around",
+    or a whole large folio -- 2 MiB runs were seen on ext4 here), so a walk that never
+    reads the map would still leave much of it mapped: ~100 KB per record, and B-tree
+    leaves (which LMDB's appends place after their records) touched again every epoch.
+    The reader therefore unmaps the whole file every few MB walked: cheap, since
+    unmapped page-table ranges are skipped."""
     if _LIBC is not None and length > 0:
         _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_DONTNEED)
 
@@ -297,7 +303,7 @@ class RangeReader:
             if not cur.set_key(encode_key(a)):
                 raise FormatError(f"{sh.path}: record {a} is missing; run `seqloader verify`")
             base = self._offsets[s]
-            mark = None  # start of the walked range still mapped (NOTE [ mapped pages ])
+            walked = 0  # bytes walked since the map was last unmapped (NOTE [ mapped pages ])
             for local in range(a, b):
                 value = cur.value()
                 if self.fault_in:
@@ -310,20 +316,18 @@ class RangeReader:
                     end = addr - sh.base + len(value)
                     if pref is None or pref.done < (pass_id, i, end):
                         self._read_through(sh, value, end)
-                    page = addr & ~(_PAGE - 1)
-                    if mark is None:
-                        mark = page
-                    elif page - mark >= _UNMAP_EVERY:
-                        _unmap(mark, page - mark)
-                        mark = page
+                walked += len(value)
+                if walked >= _UNMAP_EVERY and sh.base is not None:
+                    _unmap(sh.base, sh.size)
+                    walked = 0
                 yield base + local, value
                 consumed += len(value)
                 if window and advised - consumed < window // 2:
                     advise_more()
                 if local + 1 < b and not cur.next():
                     raise FormatError(f"{sh.path}: ends after record {local}, before {b - 1}")
-            if mark is not None:
-                _unmap(mark, sh.base + end - mark)
+            if sh.base is not None:
+                _unmap(sh.base, sh.size)
 
     def _read_through(self, sh: "_Shard", value: memoryview, end: int) -> None:
         """Bring ``value``'s bytes (ending at file offset ``end``) into the page cache now,

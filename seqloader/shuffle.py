@@ -2,10 +2,12 @@
 
 NOTE [ local shuffle ]
 A buffer of ``capacity`` items; each output is drawn uniformly from the buffer.
-Warm-up: output starts once ``warmup`` items are buffered, and while the buffer
-is below capacity it takes two inputs per output, so it fills up while the first
-batches are already flowing (the first batch never waits for a 50,000-record
-buffer).  At the end of the stream the rest is drained in random order.
+Warm-up: output starts once ``warmup`` items are buffered; the first ``eager``
+outputs (the Loader: one batch) are released one per input, so the first batch
+needs only ``warmup + B - 1`` records read; after that, while the buffer is below
+capacity, it takes two inputs per output, so it fills up while batches are
+already flowing (the first batch never waits for a 50,000-record buffer).  At the
+end of the stream the rest is drained in random order.
 
 The algorithm only moves positions around, so the whole output order of a worker's
 stream is a pure function of (stream length, capacity, warmup, rng): the worker
@@ -32,11 +34,15 @@ class ShuffleBuffer(Generic[T]):
     ``produced`` (outputs released).
     """
 
-    def __init__(self, capacity: int, rng: np.random.Generator, *, warmup: int | None = None):
+    def __init__(self, capacity: int, rng: np.random.Generator, *, warmup: int | None = None,
+                 eager: int = 0):
         if capacity < 1:
             raise ValueError(f"shuffle buffer capacity must be >= 1, got {capacity}")
+        if eager < 0:
+            raise ValueError(f"eager must be >= 0, got {eager}")
         self.capacity = capacity
         self.warmup = max(1, min(capacity, warmup if warmup is not None else capacity))
+        self.eager = eager
         self.rng = rng
         self.items: list[T] = []
         self.consumed = 0
@@ -58,7 +64,8 @@ class ShuffleBuffer(Generic[T]):
         self.items.append(item)
         self.consumed += 1
         n = len(self.items)
-        if n >= self.capacity or (n >= self.warmup and self.consumed % 2 == 0):
+        if n >= self.capacity or (n >= self.warmup and (self.produced < self.eager
+                                                        or self.consumed % 2 == 0)):
             return [self._pop()]
         return []
 
@@ -68,15 +75,15 @@ class ShuffleBuffer(Generic[T]):
 
 
 def shuffled(items: Iterable[T], capacity: int, rng: np.random.Generator, *,
-             warmup: int | None = None) -> Iterator[T]:
+             warmup: int | None = None, eager: int = 0) -> Iterator[T]:
     """Yield ``items`` locally shuffled (see NOTE [ local shuffle ]).  Finite if ``items`` is."""
-    buf: ShuffleBuffer[T] = ShuffleBuffer(capacity, rng, warmup=warmup)
+    buf: ShuffleBuffer[T] = ShuffleBuffer(capacity, rng, warmup=warmup, eager=eager)
     for x in items:
         yield from buf.push(x)
     yield from buf.drain()
 
 
 def shuffle_order(n: int, capacity: int, rng: np.random.Generator, *,
-                  warmup: int | None = None) -> np.ndarray:
+                  warmup: int | None = None, eager: int = 0) -> np.ndarray:
     """The output order of ``shuffled(range(n), ...)`` as an array (for analysis)."""
-    return np.fromiter(shuffled(range(n), capacity, rng, warmup=warmup), np.int64, n)
+    return np.fromiter(shuffled(range(n), capacity, rng, warmup=warmup, eager=eager), np.int64, n)

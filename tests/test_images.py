@@ -77,3 +77,37 @@ def test_max_size_shrinks_only_large_images():
     assert p.reencoded == "resized" and jpeg_info(p.data)[:2] == (100, 167)
     small = _jpeg(_photo(80, 120))
     assert prepare_image(small, max_size=100).data is small
+
+
+def test_reduced_decode_check_rejects_what_a_full_decode_rejects():
+    """NOTE [ decode check ]: damaged JPEGs (header, tables, entropy data, truncation),
+    checked at 1/8 scale, are accepted or rejected exactly as a full decode would."""
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (96, 128, 3), np.uint8)
+    img = cv2.GaussianBlur(img, (5, 5), 0)
+    good = []
+    for q, flags in ((95, []), (80, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])):
+        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, q, *flags])
+        good.append(buf.tobytes())
+    variants = []
+    for data in good:
+        n = len(data)
+        for _ in range(60):  # random byte damage anywhere, including headers and tables
+            b = bytearray(data)
+            for pos in rng.integers(2, n - 2, int(rng.integers(1, 6))):
+                b[pos] = int(rng.integers(0, 256))
+            variants.append(bytes(b))
+        dht = data.index(b"\xff\xc4")  # a bogus Huffman table: fatal for libjpeg
+        variants.append(data[:dht + 4] + b"\x00" + b"\xff" * 16 + data[dht + 21:])
+        variants.append(data[:n // 2] + b"\xff\xd9")  # cut short, but "ends" with EOI
+    rejected = 0
+    for data in variants:
+        full = decode_bgr(data) if data[-2:] == b"\xff\xd9" else None
+        want_ok = full is not None and full.size > 0
+        got = prepare_image(data, verify=True)
+        if sniff_format(data) == "jpeg" and jpeg_info(data) is not None \
+                and jpeg_info(data)[2] in (1, 3):
+            assert (got.data is not None) == want_ok, got.error
+        rejected += got.data is None
+    assert rejected >= 2  # the bogus table, at least
+    assert all(prepare_image(d).data == d for d in good)

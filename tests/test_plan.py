@@ -122,6 +122,26 @@ def test_shuffle_warmup_starts_output_early():
     assert first_out < 300
 
 
+def test_first_batch_needs_warmup_plus_one_batch_of_reads_then_the_buffer_fills():
+    B, warm, cap = 256, 256, 5000
+    buf = ShuffleBuffer(cap, np.random.default_rng(0), warmup=warm, eager=B)
+    out, reads_for_first = [], None
+    for i in range(20_000):
+        out.extend(buf.push(i))
+        if reads_for_first is None and len(out) >= B:
+            reads_for_first = i + 1
+    assert reads_for_first == warm + B - 1  # not warm + 2B - 1 (two reads per output)
+    assert len(buf.items) >= cap - 1  # and the buffer still fills up, two reads per output
+    plain = ShuffleBuffer(cap, np.random.default_rng(0), warmup=warm)
+    reads = 0
+    while plain.produced < B:
+        plain.push(reads)
+        reads += 1
+    assert reads == warm + 2 * B - 2
+    with pytest.raises(ValueError, match="eager"):
+        ShuffleBuffer(10, np.random.default_rng(0), eager=-1)
+
+
 def test_shuffle_is_seeded():
     a = shuffle_order(500, 50, np.random.default_rng(1))
     assert (a == shuffle_order(500, 50, np.random.default_rng(1))).all()

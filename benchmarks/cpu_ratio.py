@@ -1,0 +1,90 @@
+"""The full pipeline's images/s as a share of the CPU limit, measured in alternation.
+
+This VM's CPU speed drifts by 10-20 % over minutes (other tenants), so a CPU limit
+measured at one moment and a pipeline run measured at another can disagree by more than
+the effect being measured.  This script alternates, for ``--rounds`` rounds:
+
+1. the CPU limit as the issue defines it: ``seqloader bench --mode cpu-limit`` (the
+   fused decode + transform code in one process over records in memory) x 2 cores;
+2. the same code in 2 processes at once (``hdd_compare.py --cpu-limit-child 2``), each
+   writing into a 256-sample batch buffer like a worker -- what the 2 cores deliver
+   together;
+3. the full pipeline, warm: ``seqloader bench --mode full --workers 2 --batch-size 256``.
+
+and reports each round's ratios, so every ratio compares figures taken a minute apart.
+
+    python benchmarks/cpu_ratio.py [--data /work/bench-data] [--rounds 3] [--seconds 30]
+
+Writes ``benchmarks/results/cpu_ratio.md`` and ``.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _json_out(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
+    return json.loads(out[out.index("{"):])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="/work/bench-data")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=30)
+    args = ap.parse_args()
+    db = str(Path(args.data) / "lmdb-hdd")
+    bench = [sys.executable, "-m", "seqloader.bench", db, "--loader", "seqloader",
+             "--workers", "2", "--batch-size", "256", "--json", "--no-progress"]
+    subprocess.run(["cat"] + [str(p) for p in Path(db).glob("*.lmdb")], check=True,
+                   stdout=subprocess.DEVNULL)  # warm
+    rounds = []
+    for r in range(args.rounds):
+        single = _json_out(bench + ["--mode", "cpu-limit", "--seconds", "5"])["results"][0]
+        conc = _json_out([sys.executable, str(HERE / "hdd_compare.py"), "--cpu-limit-child", "2",
+                          "--data", args.data])
+        full = _json_out(bench + ["--mode", "full", "--seconds", str(args.seconds)])["results"][0]
+        row = {"round": r + 1, "time": time.strftime("%H:%M:%S"),
+               "limit_single_x2": single["images_per_s"], "limit_concurrent": conc["images_per_s"],
+               "pipeline": full["images_per_s"], "pipeline_cpu_percent": full["cpu_percent"],
+               "pipeline_peak_pss_mb": full["peak_pss_mb"], "load": os.getloadavg()}
+        row["pct_of_single_x2"] = round(100 * row["pipeline"] / row["limit_single_x2"], 1)
+        row["pct_of_concurrent"] = round(100 * row["pipeline"] / row["limit_concurrent"], 1)
+        print(json.dumps(row), flush=True)
+        rounds.append(row)
+    med = {k: statistics.median(x[k] for x in rounds)
+           for k in ("pct_of_single_x2", "pct_of_concurrent", "pipeline")}
+    doc = {"rounds": rounds, "median": med, "command": " ".join(sys.argv)}
+    out = HERE / "results"
+    (out / "cpu_ratio.json").write_text(json.dumps(doc, indent=1) + "\n")
+    lines = ["# Full pipeline vs the CPU limit, measured in alternation", "",
+             "`python benchmarks/cpu_ratio.py` (see its docstring): per round, the CPU limit "
+             "(one process x 2 cores; and 2 processes at once), then the warm 2-worker "
+             "full pipeline (`seqloader bench --mode full`, batch 256).", "",
+             "| round | time | limit: 1 process x 2 | limit: 2 processes at once | pipeline images/s "
+             "| % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for x in rounds:
+        lines.append(f"| {x['round']} | {x['time']} | {x['limit_single_x2']:.0f} | "
+                     f"{x['limit_concurrent']:.0f} | {x['pipeline']:.0f} | {x['pct_of_single_x2']} | "
+                     f"{x['pct_of_concurrent']} | {x['pipeline_cpu_percent']} | "
+                     f"{x['pipeline_peak_pss_mb']} |")
+    lines += ["", f"Median: pipeline {med['pipeline']:.0f} images/s = "
+              f"{med['pct_of_single_x2']} % of one process x 2 cores, "
+              f"{med['pct_of_concurrent']} % of 2 processes at once.", ""]
+    (out / "cpu_ratio.md").write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
