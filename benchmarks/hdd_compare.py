@@ -112,28 +112,43 @@ _TCK = os.sysconf("SC_CLK_TCK")
 
 class CpuAccount:
     """CPU used on the whole machine during a run, minus what this process and its
-    (waited-for) descendants used: the other users' share, which disturbs a timing.
-    Also the hypervisor's steal time."""
+    descendants used (waited-for ones through ``getrusage``, live ones -- e.g. a
+    Loader's workers -- from ``/proc``): the other users' share, which disturbs a
+    timing.  Also the hypervisor's steal time."""
 
     @staticmethod
-    def _snap():
+    def _live() -> dict:
+        from seqloader.bench import _cpu_seconds, process_tree
+        out = {}
+        for pid in process_tree(os.getpid())[1:]:
+            cpu = _cpu_seconds(pid)
+            if cpu is not None:
+                out[pid] = cpu
+        return out
+
+    @classmethod
+    def _snap(cls):
         import resource
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:]]
         busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / _TCK  # user nice system irq softirq steal
         mine = sum(getattr(resource.getrusage(w), a) for w in
                    (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for a in ("ru_utime", "ru_stime"))
-        return time.time(), busy, v[7] / _TCK, mine
+        return time.time(), busy, v[7] / _TCK, mine, cls._live()
 
     def __init__(self):
         self.start = self._snap()
 
     def result(self) -> dict:
-        t1, b1, s1, m1 = self._snap()
-        t0, b0, s0, m0 = self.start
+        t1, b1, s1, m1, live1 = self._snap()
+        t0, b0, s0, m0, live0 = self.start
         wall = max(1e-6, t1 - t0)
-        return {"others_cpu_pct": round(100 * max(0.0, (b1 - b0) - (m1 - m0)) / wall, 1),
-                "steal_pct": round(100 * (s1 - s0) / wall, 1), "mine_cpu_pct": round(100 * (m1 - m0) / wall, 1)}
+        # live descendants: their CPU since the start; ones that ended meanwhile are in
+        # RUSAGE_CHILDREN with their whole lifetime, so their share before the start goes
+        mine = (m1 - m0) + sum(v - live0.get(p, 0.0) for p, v in live1.items()) \
+            - sum(v for p, v in live0.items() if p not in live1)
+        return {"others_cpu_pct": round(100 * max(0.0, (b1 - b0) - mine) / wall, 1),
+                "steal_pct": round(100 * (s1 - s0) / wall, 1), "mine_cpu_pct": round(100 * mine / wall, 1)}
 
 
 def wait_quiet(max_load: float = 1.5, poll: float = 30, enabled: bool = True,

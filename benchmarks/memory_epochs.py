@@ -188,7 +188,7 @@ def main() -> int:
     bound = {
         "num_workers": args.workers, "prefetch": loader.prefetch,
         "slot_nbytes": spec.slot_nbytes, "slot_output_nbytes": spec.output_nbytes,
-        "slot_input_nbytes": spec.input_nbytes,
+        "slot_tail_nbytes": spec.tail_nbytes,
         "shm_mb": round(args.workers * loader.prefetch * spec.slot_nbytes / 1e6, 1),
         "cache": args.cache, "mean_record_bytes": round(mean_record),
         "mean_image_bytes": round(mean_image),
@@ -277,7 +277,8 @@ def write_md(doc: dict) -> None:
           f"* shared-memory batch buffers: num_workers x prefetch x `spec.slot_nbytes` = "
           f"{b['num_workers']} x {b['prefetch']} x {b['slot_nbytes'] / 1e6:.1f} MB "
           f"(output {b['slot_output_nbytes'] / 1e6:.1f} MB = 256 x 3x224x224 float32 + labels; "
-          f"input {b['slot_input_nbytes'] / 1e6:.1f} MB) = **{b['shm_mb']:.0f} MB**",
+          f"tail {b['slot_tail_nbytes'] / 1e6:.1f} MB; the encoded records ride over the last "
+          f"samples, NOTE [ batch buffer layout ]) = **{b['shm_mb']:.0f} MB**",
           f"* shuffle buffer: cache x mean JPEG = {b['cache']} x {b['mean_image_bytes']} B = "
           f"**{b['cache_mb']:.0f} MB** of page cache (memoryviews into the map, not private)",
           f"* fixed: main process before the Loader (Python, torch, OpenCV) PSS "

@@ -26,6 +26,7 @@ import ctypes
 import os
 import queue
 import threading
+import time
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -163,6 +164,7 @@ class _Prefetcher(threading.Thread):
         self.buf = bytearray(self.BLOCK)
         self.vec = (ctypes.c_ubyte * (self.BLOCK // _PAGE + 1))()
         self.done: tuple = ()
+        self.progress = threading.Condition()
         self.failed_key: tuple | None = None
         self.skipped = self.read_bytes = 0  # blocks found cached, bytes read
 
@@ -174,7 +176,7 @@ class _Prefetcher(threading.Thread):
                 continue  # this pass already failed: the cursor reads the rest itself
             if addr is not None and _resident(addr, n, self.vec):
                 self.skipped += 1
-                self.done = key
+                self._advance(key)
                 continue
             try:
                 while n > 0:
@@ -184,9 +186,35 @@ class _Prefetcher(threading.Thread):
                     off, n = off + got, n - got
                     self.read_bytes += got
             except OSError:
-                self.failed_key = key
+                with self.progress:
+                    self.failed_key = key
+                    self.progress.notify_all()
                 continue
+            self._advance(key)
+
+    def _advance(self, key: tuple) -> None:
+        with self.progress:
             self.done = key
+            self.progress.notify_all()
+
+    def wait_for(self, key: tuple, timeout: float = 30.0) -> bool:
+        """Wait (GIL released) until the block ending at ``key`` is cached; False if its
+        pass failed, the thread died, or ``timeout`` passed -- the caller then reads the
+        bytes itself."""
+        deadline = None
+        with self.progress:
+            while self.done < key:
+                if self.failed_key is not None and self.failed_key[0] == key[0]:
+                    return False
+                if not self.is_alive():
+                    return False
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.progress.wait(min(left, 1.0))
+        return True
 
     def discard_queued(self) -> None:
         """Forget blocks queued by an earlier pass (an epoch that was cut short)."""
@@ -254,6 +282,16 @@ class RangeReader:
                 a = stop
         return out
 
+    # NOTE [ one stream ]
+    # The disk should see one sequential stream of large requests.  When the cursor
+    # reaches bytes the readahead thread has queued but not yet read, it waits for them
+    # (a condition variable: the GIL is free meanwhile) instead of reading them itself:
+    # a second reader of the same bytes -- a page fault's read-around (8 MiB centred
+    # on the fault here) or a pread -- cuts the thread's requests into fragments, each
+    # an I/O of its own against the disk's ~100/s.  Only bytes that were never queued
+    # (a record larger than the window), a failed read or a 30 s stall make the cursor
+    # read for itself.
+
     def read(self, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         """Yield every record of ``ranges`` in order (finite; one pass)."""
         shards = self._open()
@@ -270,11 +308,12 @@ class RangeReader:
         advised = consumed = 0
         block = _Prefetcher.FIRST_BLOCK
         nxt, span = 0, None  # next part to advise, and what is left of its byte span
+        queued: tuple = ()  # key of the last block handed to the readahead thread
 
         def advise_more() -> None:
             # The window opens gradually (a pass's first records arrive after a small
             # read, and later parts' spans are looked up only when needed).
-            nonlocal advised, nxt, span, block
+            nonlocal advised, nxt, span, block, queued
             while advised - consumed < min(window, 2 * consumed + _Prefetcher.BLOCK):
                 if span is None:
                     if nxt >= len(parts):
@@ -288,7 +327,8 @@ class RangeReader:
                 n = min(block, end - start)
                 block = min(2 * block, _Prefetcher.BLOCK)
                 sh = shards[s]
-                pref.spans.put(((pass_id, nxt, start + n), sh.fd, start, n, sh.base + start))
+                queued = (pass_id, nxt, start + n)
+                pref.spans.put((queued, sh.fd, start, n, sh.base + start))
                 advised += n
                 if start + n >= end:
                     span, nxt = None, nxt + 1
@@ -306,16 +346,20 @@ class RangeReader:
             walked = 0  # bytes walked since the map was last unmapped (NOTE [ mapped pages ])
             for local in range(a, b):
                 value = cur.value()
+                # NOTE [ one stream ]: wait for the readahead thread rather than read
+                # ourselves, so the disk sees one sequential stream of large requests
+                cached = False
+                if sh.base is not None and pref is not None:
+                    end = _address(value) - sh.base + len(value)
+                    key = (pass_id, i, end)
+                    cached = pref.done >= key or (queued >= key and pref.wait_for(key))
                 if self.fault_in:
                     _touch(value)
                     self.release((value,))  # read in order now; used later from the page cache
                 elif sh.base is None:
                     _touch(value)
-                else:
-                    addr = _address(value)
-                    end = addr - sh.base + len(value)
-                    if pref is None or pref.done < (pass_id, i, end):
-                        self._read_through(sh, value, end)
+                elif not cached:
+                    self._read_through(sh, value, _address(value) - sh.base + len(value))
                 walked += len(value)
                 if walked >= _UNMAP_EVERY and sh.base is not None:
                     _unmap(sh.base, sh.size)
