@@ -50,7 +50,7 @@ import numpy as np
 from .feeder import Feeder
 from .plan import EpochPlan
 from .producer import ProducerSpec, RecordError, batch_rng, decode_batch, slot_views
-from .threads import die_with_parent, forking_single_threaded, limit_worker_threads
+from .threads import forking_single_threaded, prepare_worker
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 
@@ -85,12 +85,6 @@ def _describe_exit(code: int | None) -> str:
 
 # ------------------------------------------------------------------ worker side
 
-def _prepare_process(main_pid: int, torch_ops: bool = True) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent()
-    limit_worker_threads(torch_ops)
-
-
 def _get(conn: Connection, main_pid: int) -> Any:
     """Blocking receive with a parent liveness check every second."""
     while not conn.poll(_POLL):
@@ -103,8 +97,7 @@ def _get(conn: Connection, main_pid: int) -> Any:
 
 def _worker_main(spec: ProducerSpec, worker: int, conn: Connection, names: list[str],
                  generation: Any, main_pid: int) -> None:
-    _prepare_process(main_pid, torch_ops=spec.transform is not None or
-                     spec.target_transform is not None)
+    prepare_worker(torch_ops=spec.transform is not None or spec.target_transform is not None)
     shms = [SharedMemory(name) for name in names]
     conn.send(("ready", os.getpid()))
     try:

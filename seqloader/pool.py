@@ -46,15 +46,6 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
                 f.cancel()
 
 
-def _init_process() -> None:
-    import signal
-
-    from .threads import die_with_parent, limit_worker_threads
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    die_with_parent()
-    limit_worker_threads()
-
-
 def _apply(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
     return [fn(x) for x in chunk]
 
@@ -70,13 +61,13 @@ def ordered_process_map(fn: Callable[[T], R], items: Iterable[T], *, workers: in
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from .threads import forking_single_threaded
+    from .threads import forking_single_threaded, prepare_worker
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     window = window or 2 * workers
     with forking_single_threaded("fork"):
-        ex = ProcessPoolExecutor(workers, mp.get_context("fork"), initializer=_init_process)
+        ex = ProcessPoolExecutor(workers, mp.get_context("fork"), initializer=prepare_worker)
         ex.submit(int).result()  # start every worker now, single-threaded
     pending: collections.deque[Future[list[R]]] = collections.deque()
     it = iter(items)

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Iterator
 
-__all__ = ["forking_single_threaded", "limit_worker_threads", "die_with_parent"]
+__all__ = ["forking_single_threaded", "limit_worker_threads", "die_with_parent", "prepare_worker"]
 
 
 @contextlib.contextmanager
@@ -72,3 +72,14 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
+
+
+def prepare_worker(torch_ops: bool = True) -> None:
+    """First thing in a decode/preprocessing worker process: ignore SIGINT (Ctrl-C is
+    the parent's to handle), die with the parent, and run single-threaded
+    (:func:`limit_worker_threads`, ``torch_ops`` as there)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    limit_worker_threads(torch_ops)
