@@ -117,6 +117,9 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
 # pixels are needed.
 
 
+_CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
+
+
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
                   quality: int = 95) -> Prepared:
     """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).
@@ -148,15 +151,13 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
         return Prepared(data)
-    if reason is None and (max_size is None or small_enough):
-        # stored as is: only checked -- at 1/8 scale (NOTE [ decode check ])
-        check = decode_bgr(data, cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION)
-        if check is None or check.size == 0:
-            return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
-        return Prepared(data)
-    bgr = decode_bgr(data)
+    # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
+    as_is = reason is None and (max_size is None or small_enough)
+    bgr = decode_bgr(data, _CHECK_FLAGS if as_is else cv2.IMREAD_COLOR)
     if bgr is None or bgr.size == 0:
         return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
+    if as_is:
+        return Prepared(data)
     if max_size is not None and min(bgr.shape[:2]) > max_size:
         return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality), "resized")
     if reason is not None:

@@ -61,20 +61,12 @@ class ProducerSpec:
     prefetch_bytes: int = 128 << 20
 
     @property
-    def output_nbytes(self) -> int:
-        per = int(np.prod(self.sample_shape)) * np.dtype(self.sample_dtype).itemsize
-        return self.batch_size * (per + 8)
-
-    @property
     def sample_nbytes(self) -> int:
         return int(np.prod(self.sample_shape)) * np.dtype(self.sample_dtype).itemsize
 
     @property
-    def input_nbytes(self) -> int:
-        """Room for one batch of encoded records, ``1.25x`` the mean batch plus 1 MiB (a
-        sum of 256 record sizes rarely strays 10 % from its mean) -- most of it shared
-        with the samples region (NOTE [ batch buffer layout ])."""
-        return (1 << 20) + int(1.25 * self.batch_size * (self._mean_record + 64))
+    def output_nbytes(self) -> int:
+        return self.batch_size * (self.sample_nbytes + 8)
 
     @property
     def _mean_record(self) -> float:
@@ -82,8 +74,9 @@ class ProducerSpec:
 
     @property
     def tail_nbytes(self) -> int:
-        """Bytes after the samples region: 1 MiB, plus whatever the records of a batch
-        need beyond 80 % of the samples region (small outputs, large JPEGs)."""
+        """Bytes after the samples region: 1 MiB, plus whatever ``1.25x`` a mean batch of
+        records (a sum of 256 record sizes rarely strays 10 % from its mean) needs beyond
+        80 % of the samples region (small outputs, large JPEGs)."""
         excess = self._mean_record + 64 - 0.8 * self.sample_nbytes
         return (1 << 20) + int(1.25 * self.batch_size * max(0.0, excess))
 

@@ -349,17 +349,18 @@ class RangeReader:
                 # NOTE [ one stream ]: wait for the readahead thread rather than read
                 # ourselves, so the disk sees one sequential stream of large requests
                 cached = False
-                if sh.base is not None and pref is not None:
+                if sh.base is not None:
                     end = _address(value) - sh.base + len(value)
-                    key = (pass_id, i, end)
-                    cached = pref.done >= key or (queued >= key and pref.wait_for(key))
+                    if pref is not None:
+                        key = (pass_id, i, end)
+                        cached = pref.done >= key or (queued >= key and pref.wait_for(key))
                 if self.fault_in:
                     _touch(value)
                     self.release((value,))  # read in order now; used later from the page cache
                 elif sh.base is None:
                     _touch(value)
                 elif not cached:
-                    self._read_through(sh, value, _address(value) - sh.base + len(value))
+                    self._read_through(sh, value, end)
                 walked += len(value)
                 if walked >= _UNMAP_EVERY and sh.base is not None:
                     _unmap(sh.base, sh.size)
