@@ -264,6 +264,16 @@ def run_cmd(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, **kw)
 
 
+def timed_run(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, float, dict, dict]:
+    """:func:`run_cmd` plus what every recorded run keeps: (result, wall seconds, the git
+    state before it, the machine's CPU account over it)."""
+    git = git_state()
+    acct = CpuAccount()
+    t0 = time.time()
+    r = run_cmd(cmd, **kw)
+    return r, time.time() - t0, git, acct.result()
+
+
 def fmt(v, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -411,12 +421,7 @@ def _do_run(args, run: dict, n_images: int) -> dict:
         warm = warm_files([str(p["db"])] if run["loader"] == "seqloader" else tree_files(p["train"]))
     cond = wait_quiet(args.max_load, enabled=args.wait)
     cmd = bench_cmd(args, run, n_images)
-    git = git_state()
-    acct = CpuAccount()
-    t0 = time.time()
-    r = run_cmd(cmd, capture_output=True, text=True, cwd=REPO)
-    wall = time.time() - t0
-    cpu_acct = acct.result()
+    r, wall, git, cpu_acct = timed_run(cmd, capture_output=True, text=True, cwd=REPO)
     rec = {"run": run, "command": " ".join(shlex.quote(c) for c in cmd), "returncode": r.returncode,
            "wall_s": round(wall, 1), "warmed": warm, "git": git, "cpu_account": cpu_acct, **cond, "load_after": loadavg(),
            "busy_after": busy_processes(), "stderr_tail": r.stderr[-3000:],

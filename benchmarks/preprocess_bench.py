@@ -34,7 +34,6 @@ import json
 import os
 import resource
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -44,8 +43,8 @@ T_START = time.time()
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from hdd_compare import (HDD_MBPS, HDDSIM, MiB, REPO, RESULTS, CpuAccount, drops, retry, fmt, git_state,  # noqa: E402
-                         log, loadavg, machine, machine_md, run_cmd, tree_files, wait_iostudy, wait_quiet,
+from hdd_compare import (HDD_MBPS, HDDSIM, MiB, REPO, RESULTS, CpuAccount, drops, retry, fmt, git_state, timed_run,  # noqa: E402
+                         log, loadavg, machine, machine_md, tree_files, wait_iostudy, wait_quiet,
                          warm_files)
 
 SIZES = {"5k": 50, "10k": 100, "20k": 200}  # images per class, 100 classes
@@ -178,12 +177,7 @@ def run_preprocess(args, rid: str, tree: Path, extra: list[str], hdd: bool) -> d
     cmd = preprocess_cmd(args, tree, out, extra, res)
     if hdd:
         cmd = [HDDSIM, "--dir", str(args.data), "--"] + cmd
-    git = git_state()
-    acct = CpuAccount()
-    t0 = time.time()
-    r = run_cmd(cmd, cwd=REPO, capture_output=True, text=True)
-    wall = time.time() - t0
-    cpu_acct = acct.result()
+    r, wall, git, cpu_acct = timed_run(cmd, cwd=REPO, capture_output=True, text=True)
     child_res = json.loads(res.read_text()) if res.exists() else None
     res.unlink(missing_ok=True)
     stats = tree_stats(tree)
@@ -227,17 +221,13 @@ def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
         pipeline = f"find {shlex.quote(str(src))} -type f -print0 | sort -z | xargs -0 cat > /dev/null"
     script = (f"t0=$(date +%s.%N); {pipeline}; t1=$(date +%s.%N); echo $t0 $t1 > {tfile}")
     cmd = [HDDSIM, "--dir", str(args.data), "--", "bash", "-c", script]
-    acct = CpuAccount()
-    t0 = time.time()
-    r = run_cmd(cmd, capture_output=True, text=True)
-    wall = time.time() - t0
-    cpu_acct = acct.result()
+    r, wall, git, cpu_acct = timed_run(cmd, capture_output=True, text=True)
     a, b = map(float, tfile.read_text().split())
     tfile.unlink()
     stats = tree_stats(tree)
     s = b - a
     rec = {"id": rid, "tree": str(tree), **stats, "command": " ".join(map(shlex.quote, cmd)),
-           "git": git_state(), "cpu_account": cpu_acct, "pipeline": pipeline, "hddsim": True, "returncode": r.returncode,
+           "git": git, "cpu_account": cpu_acct, "pipeline": pipeline, "hddsim": True, "returncode": r.returncode,
            "wall_s": round(wall, 2), "seconds": round(s, 2), **cond, "load_after": loadavg(),
            "images_per_s": round(stats["images"] / s, 1),
            "mb_per_s": round(stats["bytes"] / s / 1e6, 1)}
