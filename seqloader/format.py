@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import msgpack
+import numpy as np
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError",
     "Meta", "Record", "encode_key", "decode_key", "is_record_key", "pack_record",
     "unpack_record", "pack_meta", "unpack_meta", "record_digest", "chain_checksum", "EMPTY_CHECKSUM",
-    "shard_path", "find_database", "db_name",
+    "shard_path", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
 ]
 
 FORMAT_NAME = "seqloader"
@@ -150,6 +151,10 @@ class Meta:
     created: str = ""
     writer: dict[str, Any] = field(default_factory=dict)
     labels: bytes = b""  # int32 little-endian, one per record; written on completion
+    #: Where each record's value lies in the file: :data:`EXTENT_DTYPE` (file offset
+    #: uint64 + length uint32, little-endian), one per record; written on completion.
+    #: Optional: without it (older files) readers find records through the B-tree.
+    extents: bytes = b""
     # writer progress (meaningful while complete is False)
     next_source: int = 0
     bad_files: list[list[str]] = field(default_factory=list)
@@ -162,6 +167,23 @@ class Meta:
 
 
 _META_FIELDS = {f.name for f in dataclasses.fields(Meta)}
+
+#: One entry of :attr:`Meta.extents`: a record value's byte offset in the file and its length.
+EXTENT_DTYPE = np.dtype([("offset", "<u8"), ("length", "<u4")])
+
+
+def meta_extents(meta: Meta, size: int, *, where: str) -> np.ndarray | None:
+    """:attr:`Meta.extents` as an array, checked against the file's ``size``; None when
+    the file has none.  Raises :class:`FormatError` if they cannot describe this file."""
+    if not meta.extents:
+        return None
+    ext = np.frombuffer(meta.extents, EXTENT_DTYPE)
+    if len(meta.extents) != meta.num_records * EXTENT_DTYPE.itemsize or (
+            len(ext) and int((ext["offset"] + ext["length"]).max()) > size):
+        raise FormatError(f"{where}: the metadata's record extents do not fit this file "
+                          f"({size} bytes, {meta.num_records} records); it is truncated or "
+                          "damaged: re-copy it, or check it with `seqloader verify`")
+    return ext
 
 
 def pack_meta(meta: Meta) -> bytes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import mmap
 import os
 import queue
 import threading
@@ -32,60 +33,26 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .database import Database, close_env, open_env
-from .format import FormatError, encode_key
+from .format import FormatError, Meta, encode_key, meta_extents
 
 __all__ = ["RangeReader"]
 
-_PAGE = 4096
-
-
-def _map_base(path: str) -> int | None:
-    """Start address of the mapping of ``path`` at file offset 0 in this process."""
-    real = os.path.realpath(path)
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].strip() == real and int(parts[2], 16) == 0:
-                return int(parts[0].split("-")[0], 16)
-    return None
-
+from .pages import LIBC as _LIBC, PAGE as _PAGE, address as _address, map_base as _map_base
+from .pages import unmap as _unmap
 
 # NOTE [ mapped pages ]
 # Every page the reader touches stays mapped in this process until it is unmapped,
 # so a reader that walks a 140 GB file would show up to 140 GB of resident (if
 # reclaimable) file pages in RSS/USS, and a shuffle buffer of 5000 records 550 MB.
 # So pages are released from the page tables with madvise(MADV_DONTNEED): the whole
-# file every 4 MiB the cursor walks (see `_unmap`), each value right after a
+# file every 4 MiB the cursor walks (see `pages.unmap`), each value right after a
 # fault-in, and a batch's values once it has been used.  Workers' batches are copied
 # out with pread (`copy_into`), which maps nothing.  On a
 # read-only shared file mapping that changes no data: the bytes stay in the page
 # cache, and using a buffered record later is a minor fault.  (Under memory pressure
 # the kernel may evict buffered records before use; they are then re-read at random
 # -- keep `cache` x record size well below free RAM.)
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-    _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    _LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
-    _LIBC = None
-_MADV_DONTNEED = 4
-
-
 _UNMAP_EVERY = 4 << 20
-
-
-def _unmap(start: int, length: int) -> None:
-    """Drop ``[start, start + length)`` of a read-only file mapping from this process's
-    page tables (the page cache keeps the bytes; touching them again is a minor fault).
-    LMDB's cursor touches each record's first page and every B-tree page it passes,
-    and the kernel maps cached neighbours around every fault (64 KiB of "fault-around",
-    or a whole large folio -- 2 MiB runs were seen on ext4 here), so a walk that never
-    reads the map would still leave much of it mapped: ~100 KB per record, and B-tree
-    leaves (which LMDB's appends place after their records) touched again every epoch.
-    The reader therefore unmaps the whole file every few MB walked: cheap, since
-    unmapped page-table ranges are skipped."""
-    if _LIBC is not None and length > 0:
-        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_DONTNEED)
 
 
 def _touch(view: memoryview) -> None:
@@ -98,36 +65,92 @@ def _touch(view: memoryview) -> None:
         arr[-1:].max()
 
 
-def _address(view: memoryview) -> int:
-    return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
-
-
 class _Shard:
-    def __init__(self, path: str, readahead: bool):
+    """One open file.  NOTE [ record extents ]: files whose metadata lists every
+    record's byte extent are read without LMDB: a read-only map of the file, values
+    sliced from it, spans computed from the extents.  Looking a span up in the B-tree
+    instead reads a chunk's first and last records' pages and B-tree leaves -- random
+    reads that queue behind the readahead thread's 128 MB of large requests, blocking
+    the cursor for 0.1-0.7 s at every chunk (measured under hddsim), and LMDB's cursor
+    walk touches leaves that lie outside the spans.  Older files fall back to LMDB."""
+
+    def __init__(self, path: str, meta: Meta, readahead: bool):
         self.path = path
-        self.env = open_env(path, readahead=readahead)
-        self.txn = self.env.begin(buffers=True)
-        self.cur = self.txn.cursor()
-        self.lookup = self.txn.cursor()
         self.fd = os.open(path, os.O_RDONLY)  # the readahead thread's
         self.fd_through = os.open(path, os.O_RDONLY)  # the cursor's (own readahead state)
-        self.base = _map_base(path)
         self.size = os.fstat(self.fd).st_size
+        self.env = self.map = None
+        try:
+            self.extents = meta_extents(meta, self.size, where=path)
+        except FormatError:
+            self.close()
+            raise
+        if self.extents is not None:
+            self.offsets = self.extents["offset"].astype(np.int64)
+            self.lengths = self.extents["length"].astype(np.int64)
+            self.map = mmap.mmap(self.fd_through, self.size, prot=mmap.PROT_READ) \
+                if self.size else None
+            self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+            self.base = _address(self.view) if self.map is not None else None
+        else:
+            self.env = open_env(path, readahead=readahead)
+            self.txn = self.env.begin(buffers=True)
+            self.cur = self.txn.cursor()
+            self.lookup = self.txn.cursor()
+            self.base = _map_base(path)
 
     def span(self, a: int, b: int) -> tuple[int, int]:
         """Byte span of local records ``[a, b)`` in the file (page-aligned)."""
-        first = self.lookup.get(encode_key(a))
-        last = self.lookup.get(encode_key(b - 1))
-        if first is None or last is None:
-            raise FormatError(f"{self.path}: records {a}..{b - 1} are missing; the file is "
-                              "damaged or truncated: run `seqloader verify` on it")
-        start = (_address(first) - self.base) & ~(_PAGE - 1)
-        end = _address(last) - self.base + len(last)
-        return start, min(self.size, (end + _PAGE - 1) & ~(_PAGE - 1))
+        if self.extents is not None:
+            start = int(self.offsets[a:b].min())
+            end = int((self.offsets[a:b] + self.lengths[a:b]).max())
+        else:
+            first = self.lookup.get(encode_key(a))
+            last = self.lookup.get(encode_key(b - 1))
+            if first is None or last is None:
+                raise FormatError(f"{self.path}: records {a}..{b - 1} are missing; the file is "
+                                  "damaged or truncated: run `seqloader verify` on it")
+            start = _address(first) - self.base
+            end = _address(last) - self.base + len(last)
+        return start & ~(_PAGE - 1), min(self.size, (end + _PAGE - 1) & ~(_PAGE - 1))
+
+    def get(self, local: int) -> memoryview:
+        if self.extents is not None:
+            off = int(self.offsets[local])
+            return self.view[off:off + int(self.lengths[local])]
+        value = self.lookup.get(encode_key(local))
+        if value is None:
+            raise FormatError(f"{self.path}: record {local} is missing; run `seqloader verify`")
+        return value
+
+    def values(self, a: int, b: int) -> Iterator[memoryview]:
+        """The values of local records ``[a, b)``, in order."""
+        if self.extents is not None:
+            offs, lens, view = self.offsets, self.lengths, self.view
+            for local in range(a, b):
+                off = int(offs[local])
+                yield view[off:off + int(lens[local])]
+            return
+        cur = self.cur
+        if not cur.set_key(encode_key(a)):
+            raise FormatError(f"{self.path}: record {a} is missing; run `seqloader verify`")
+        for local in range(a, b):
+            yield cur.value()
+            if local + 1 < b and not cur.next():
+                raise FormatError(f"{self.path}: ends after record {local}, before {b - 1}")
 
     def close(self) -> None:
-        self.txn.abort()
-        close_env(self.env)
+        if self.env is not None:
+            self.txn.abort()
+            close_env(self.env)
+            self.env = None
+        if self.map is not None:
+            self.view.release()
+            try:
+                self.map.close()
+            except BufferError:  # values still referenced: the map goes with the last one
+                pass
+            self.map = None
         os.close(self.fd)
         os.close(self.fd_through)
 
@@ -265,7 +288,15 @@ class RangeReader:
             # (not MADV_RANDOM even without fault_in: LMDB's cursor touches the first
             # page of every value it passes, and where it runs ahead of the readahead
             # thread each touch would be a 4 KiB read -- ~100 records/s on an HDD)
-            self._shards = [_Shard(str(p), self.readahead) for p in self.db.paths]
+            shards: list[_Shard] = []
+            try:
+                for p, m in zip(self.db.paths, self.db.metas):
+                    shards.append(_Shard(str(p), m, self.readahead))
+            except BaseException:
+                for sh in shards:
+                    sh.close()
+                raise
+            self._shards = shards
         return self._shards
 
     def _split(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -339,13 +370,9 @@ class RangeReader:
             sh = shards[s]
             if window:
                 advise_more()
-            cur = sh.cur
-            if not cur.set_key(encode_key(a)):
-                raise FormatError(f"{sh.path}: record {a} is missing; run `seqloader verify`")
             base = self._offsets[s]
             walked = 0  # bytes walked since the map was last unmapped (NOTE [ mapped pages ])
-            for local in range(a, b):
-                value = cur.value()
+            for local, value in enumerate(sh.values(a, b), a):
                 # NOTE [ one stream ]: wait for the readahead thread rather than read
                 # ourselves, so the disk sees one sequential stream of large requests
                 cached = False
@@ -369,8 +396,6 @@ class RangeReader:
                 consumed += len(value)
                 if window and advised - consumed < window // 2:
                     advise_more()
-                if local + 1 < b and not cur.next():
-                    raise FormatError(f"{sh.path}: ends after record {local}, before {b - 1}")
             if sh.base is not None:
                 _unmap(sh.base, sh.size)
 
@@ -384,6 +409,19 @@ class RangeReader:
         if len(self._scratch) < n:
             self._scratch = bytearray(max(n, 1 << 20))
         os.preadv(sh.fd_through, [memoryview(self._scratch)[:n]], end - n)
+
+    def extents(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+        """File offset and length (:data:`~seqloader.format.EXTENT_DTYPE`) of every record
+        of ``ranges``, found by reading them (one sequential pass)."""
+        from .format import EXTENT_DTYPE
+
+        out = []
+        for i, value in self.read(ranges):
+            sh = self._shards[bisect.bisect_right(self._offsets, i) - 1]
+            if sh.base is None:
+                raise RuntimeError(f"{sh.path}: cannot locate records (no /proc/self/maps)")
+            out.append((_address(value) - sh.base, len(value)))
+        return np.array(out, EXTENT_DTYPE)
 
     def copy_into(self, value: memoryview, out: np.ndarray) -> None:
         """Copy a value yielded by :meth:`read` into ``out`` (a uint8 array of its length)
@@ -403,10 +441,7 @@ class RangeReader:
         """Random access to one record (used to refill a shuffle buffer on resume)."""
         shards = self._open()
         (s, a, _), = self._split([(index, index + 1)])
-        value = shards[s].lookup.get(encode_key(a))
-        if value is None:
-            raise FormatError(f"{shards[s].path}: record {a} is missing; run `seqloader verify`")
-        return value
+        return shards[s].get(a)
 
     def release(self, values: Sequence[memoryview]) -> None:
         """Drop used values' pages from this process's page tables (NOTE [ mapped pages ]).

@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 from .database import close_env, open_database, open_env
 from .format import (EMPTY_CHECKSUM, FormatError, chain_checksum, decode_key, encode_key,
-                     is_record_key, record_digest, unpack_record)
+                     is_record_key, meta_extents, record_digest, unpack_record)
+from .pages import address, map_base
 from .images import decode_bgr
 from .pool import ordered_map
 
@@ -55,13 +56,31 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     for p, meta, offset in zip(db.paths, db.metas, db.offsets):
         env = open_env(p)
         try:
-            with env.begin() as txn:
+            ext = meta_extents(meta, p.stat().st_size, where=str(p))
+        except FormatError as e:
+            res.problems.append(str(e))
+            ext = None
+        misplaced: list[int] = []
+        try:
+            with env.begin(buffers=True) as txn:
                 cur = txn.cursor()
                 cur.set_range(encode_key(0))
-                items = ((offset + decode_key(k), k, v, len(meta.classes))
-                         for k, v in cur if is_record_key(k))
+                base = map_base(str(p)) if ext is not None else None
+
+                def items():
+                    for k, v in cur:
+                        k = bytes(k)
+                        if not is_record_key(k):
+                            continue
+                        local = decode_key(k)
+                        if base is not None and not (
+                                local < len(ext) and ext[local]["length"] == len(v)
+                                and ext[local]["offset"] == address(v) - base):
+                            misplaced.append(local)
+                        yield offset + local, k, v, len(meta.classes)
+
                 checksum, expect = EMPTY_CHECKSUM, 0
-                for key, digest, err in ordered_map(_check, items, workers=workers):
+                for key, digest, err in ordered_map(_check, items(), workers=workers):
                     local = decode_key(key)
                     if local != expect:
                         res.problems.append(f"{p}: record key {local} where {expect} was expected")
@@ -73,6 +92,11 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                     bar.update(1)
         finally:
             close_env(env)
+        if misplaced:
+            res.problems.append(
+                f"{p}: the metadata's extents of {len(misplaced)} records (first: record "
+                f"{misplaced[0]}) do not match where the records are; the file was modified "
+                "after it was written: re-create it with `seqloader preprocess`")
         if expect != meta.num_records:
             res.problems.append(f"{p}: {expect} records found, metadata says {meta.num_records}")
         if checksum != meta.checksum:

@@ -32,9 +32,11 @@ import numpy as np
 from tqdm import tqdm
 
 from . import __version__
-from .database import close_env, open_env, read_meta
-from .format import (EMPTY_CHECKSUM, FORMAT_VERSION, META_KEY, FormatError, Meta, Record,
-                     chain_checksum, encode_key, pack_meta, pack_record, record_digest, shard_path)
+from .database import Database, close_env, open_env, read_meta
+from .format import (EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY, FormatError, Meta,
+                     Record, chain_checksum, encode_key, pack_meta, pack_record, record_digest,
+                     shard_path)
+from .pages import address, map_base, unmap
 from .images import prepare_image
 from .pool import ordered_map, ordered_process_map
 from .scan import Scan
@@ -233,13 +235,70 @@ class _ShardWriter:
                         if not txn.put(key, value, append=True):  # pragma: no cover - invariant
                             raise AssertionError(f"key {key!r} already present")
                     txn.put(META_KEY, pack_meta(meta))
-                return
+                break
             except lmdb.MapFullError:
                 env.set_mapsize(env.info()["map_size"] * 2)
+        if pending and self.extents is not None:
+            self._locate(env, [key for key, _ in pending])
+
+    def _locate(self, env: lmdb.Environment, keys: list[bytes]) -> None:
+        """Append the extents of just-committed records (NOTE [ record extents ] in
+        reader.py): their pages are in the page cache, so this reads nothing from disk."""
+        base = map_base(str(self.partial))
+        if base is None:  # no /proc: the file gets no extents; readers use the B-tree
+            self.extents = None
+            return
+        out = np.empty(len(keys), EXTENT_DTYPE)
+        with env.begin(buffers=True) as txn:
+            for j, key in enumerate(keys):
+                value = txn.get(key)
+                out[j] = (address(value) - base, len(value))
+                del value
+        unmap(base, env.info()["map_size"])  # keep the writer's RSS flat (NOTE [ mapped pages ])
+        self.extents.append(out)
+
+    def _relocate_small(self, env: lmdb.Environment, ext: np.ndarray) -> np.ndarray:
+        """Values small enough to live inside B-tree leaves (about half a page or less)
+        move whenever a later commit copies their leaf, so their extents are looked up
+        again once every record is in.  Larger values sit in overflow pages, which LMDB
+        never moves; a real photo is rarely small enough to need this."""
+        small = np.flatnonzero(ext["length"] <= env.stat()["psize"] // 2)
+        if len(small):
+            base = map_base(str(self.partial))
+            with env.begin(buffers=True) as txn:
+                for i in small.tolist():
+                    value = txn.get(encode_key(i))
+                    ext[i] = (address(value) - base, len(value))
+                    del value
+            unmap(base, env.info()["map_size"])
+        return ext
+
+    def _committed_extents(self) -> list[np.ndarray]:
+        """Extents of the records an interrupted run of this command already committed to
+        ``self.partial`` (one sequential pass over them), or [] if there are none."""
+        from .reader import RangeReader
+
+        if not self.partial.exists():
+            return []
+        env = open_env(self.partial, readahead=False)
+        try:
+            meta = read_meta(env, self.partial, require_complete=False)
+        except FormatError:
+            return []
+        finally:
+            close_env(env)
+        if meta.fingerprint != self.fingerprint or not meta.num_records:
+            return []
+        reader = RangeReader(Database((self.partial,), (meta,)))
+        try:
+            return [reader.extents([(0, meta.num_records)])]
+        finally:
+            reader.close()
 
     def run(self, start: int, stop: int) -> ShardResult:
         t0 = time.perf_counter()
         self.partial.parent.mkdir(parents=True, exist_ok=True)
+        self.extents: list[np.ndarray] | None = self._committed_extents()
         env = lmdb.open(str(self.partial), subdir=False, map_size=self.opt.initial_map_size,
                         readahead=False, meminit=False, max_dbs=0, lock=True)
         lockf = open(self.partial, "rb")
@@ -250,6 +309,11 @@ class _ShardWriter:
             meta.complete = True
             meta.next_source = stop - start
             meta.labels = self._labels(start, stop, meta)
+            if self.extents is not None:
+                ext = np.concatenate(self.extents) if self.extents else np.empty(0, EXTENT_DTYPE)
+                if len(ext) != meta.num_records:  # pragma: no cover - invariant
+                    raise AssertionError(f"{len(ext)} extents for {meta.num_records} records")
+                meta.extents = self._relocate_small(env, ext).tobytes()
             self._commit(env, [], meta)
             env.sync(True)
         except BaseException:

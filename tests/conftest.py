@@ -64,3 +64,17 @@ def raw_items(path) -> list[tuple[bytes, bytes]]:
         items = list(txn.cursor())
     close_env(env)
     return items
+
+
+def assert_extents_match(path) -> None:
+    """The metadata's record extents point at exactly the bytes LMDB holds for each record."""
+    from seqloader.database import open_database
+    from seqloader.format import META_KEY, meta_extents
+
+    db = open_database(path)  # (finds the whole shard set)
+    meta = db.metas[[p.resolve() for p in db.paths].index(path.resolve())]
+    ext = meta_extents(meta, path.stat().st_size, where=str(path))
+    assert ext is not None and len(ext) == meta.num_records
+    data = path.read_bytes()
+    want = [v for k, v in raw_items(path) if k != META_KEY]
+    assert [data[o:o + n] for o, n in ext.tolist()] == want

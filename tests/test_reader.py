@@ -1,6 +1,7 @@
 """The sequential reader's memory and I/O contracts, and the batch-buffer layout."""
 from __future__ import annotations
 
+import dataclasses
 import types
 import warnings
 
@@ -11,12 +12,12 @@ import torch
 
 import seqloader.transforms as T
 from seqloader import Loader, WriteOptions, preprocess
-from seqloader.database import close_env, open_database, open_env
-from seqloader.format import encode_key
+from seqloader.database import Database, close_env, open_database, open_env
+from seqloader.format import EXTENT_DTYPE, META_KEY, FormatError, encode_key
 from seqloader.producer import ProducerSpec
 from seqloader.reader import RangeReader
 
-from conftest import raw_items
+from conftest import assert_extents_match, raw_items
 
 
 def _noise_jpeg(path, side, seed):
@@ -150,3 +151,43 @@ def test_batches_that_do_not_fit_the_buffer_go_by_pipe(big_db):
     assert len(got) == len(want)
     for (a, la), (b, lb) in zip(got, want):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_extents_locate_records_and_both_read_paths_agree(big_db):
+    """Files written now list every record's extent, and the reader then slices records
+    from its own map without LMDB (NOTE [ record extents ]); files without extents
+    (older writers) are walked through the B-tree: same records, same order."""
+    path = big_db.paths[0]
+    assert_extents_match(path)
+    want = [v for k, v in raw_items(path) if k != META_KEY]
+    n = big_db.num_records
+    ranges = [(5, 50), (0, 5), (50, n)]
+    order = list(range(5, 50)) + list(range(5)) + list(range(50, n))
+    old = Database(big_db.paths, tuple(dataclasses.replace(m, extents=b"") for m in big_db.metas))
+    for db, uses_lmdb in ((big_db, False), (old, True)):
+        for fault_in in (True, False):
+            reader = RangeReader(db, fault_in=fault_in)
+            try:
+                got = [(i, bytes(v)) for i, v in reader.read(ranges)]
+                assert (reader._shards[0].env is not None) == uses_lmdb
+                assert got == [(i, want[i]) for i in order]
+                assert bytes(reader.get(7)) == want[7]
+                assert reader.extents([(0, n)]).tolist() == \
+                    np.frombuffer(big_db.metas[0].extents, EXTENT_DTYPE).tolist()
+            finally:
+                reader.close()
+
+
+@pytest.mark.parametrize("damage", ["short", "beyond"])
+def test_extents_that_do_not_fit_the_file_are_a_clear_error(big_db, damage):
+    meta = big_db.metas[0]
+    ext = np.frombuffer(meta.extents, EXTENT_DTYPE).copy()
+    if damage == "short":  # e.g. metadata of another file
+        ext = ext[:-1]
+    else:  # e.g. a truncated copy
+        ext[-1]["offset"] = big_db.paths[0].stat().st_size
+    db = Database(big_db.paths, (dataclasses.replace(meta, extents=ext.tobytes()),))
+    reader = RangeReader(db)
+    with pytest.raises(FormatError, match=r"ILSVRC-train.lmdb.*extents do not fit.*re-copy"):
+        next(reader.read([(0, 3)]))
+    reader.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from conftest import raw_items, read_records
+from conftest import assert_extents_match, raw_items, read_records
 from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
                        scan_class_tree, write_split)
 from seqloader.cli import main as cli
@@ -193,6 +193,8 @@ def test_interrupted_write_resumes_to_identical_database(synth_tree, tmp_path, s
                   for d in (ref, out))
         assert (ma.checksum, ma.num_records, ma.fingerprint) == (mb.checksum, mb.num_records,
                                                                  mb.fingerprint)
+        # the resumed file's extents (the first part found by re-reading it) are right too
+        assert_extents_match(shard_path(out / "ILSVRC-train.lmdb", k, 2))
 
 
 def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
@@ -225,6 +227,7 @@ def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
     assert cli(["verify", str(bad), "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "bad record 2" in out and "checksum" in out
+    assert "extents of 1 records (first: record 2) do not match" in out  # it moved
 
 
 def test_val_labels_flat_folder(synth_tree, tmp_path):
@@ -244,3 +247,25 @@ def test_val_labels_flat_folder(synth_tree, tmp_path):
     recs = [r for _, r in read_records(tmp_path / "out/ILSVRC-val.lmdb")]
     assert [r.label for r in recs] == scan_class_tree(synth_tree.root / "val").labels.tolist()
     assert open_database(tmp_path / "out", "val").classes == synth_tree.classes
+
+
+def test_extents_of_values_small_enough_to_live_in_btree_leaves(tmp_path):
+    """Tiny images (< half a page) live inside LMDB leaves, which later commits copy
+    elsewhere: their extents must be the final ones (larger values never move)."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        d = tmp_path / "src" / "train" / f"c{c}"
+        d.mkdir(parents=True)
+        for i in range(40):
+            side = 8 if i % 2 else 120  # ~0.6 KB (in a leaf) and ~5 KB (overflow pages)
+            img = rng.integers(0, 256, (side, side, 3), np.uint8)
+            (d / f"{i}.jpg").write_bytes(cv2.imencode(".jpg", img)[1].tobytes())
+    _quiet(preprocess, tmp_path / "src", tmp_path / "out", splits=["train"],
+           options=_opts(commit_bytes=3000))
+    path = tmp_path / "out" / "ILSVRC-train.lmdb"
+    sizes = [len(v) for k, v in raw_items(path) if k != META_KEY]
+    assert min(sizes) < 1000 and max(sizes) > 4096
+    assert_extents_match(path)
