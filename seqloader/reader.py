@@ -53,6 +53,8 @@ from .pages import unmap as _unmap
 # the kernel may evict buffered records before use; they are then re-read at random
 # -- keep `cache` x record size well below free RAM.)
 _UNMAP_EVERY = 4 << 20
+#: Records further apart than this are read as separate spans (see `_Shard.spans`).
+_GAP = 1 << 20
 
 
 def _touch(view: memoryview) -> None:
@@ -99,20 +101,36 @@ class _Shard:
             self.lookup = self.txn.cursor()
             self.base = _map_base(path)
 
-    def span(self, a: int, b: int) -> tuple[int, int]:
-        """Byte span of local records ``[a, b)`` in the file (page-aligned)."""
+    def spans(self, a: int, b: int) -> tuple[list[tuple[int, int]], np.ndarray | None]:
+        """The byte spans (page-aligned, in record order) that hold local records
+        ``[a, b)``, and the span index of each record (None: all in span 0).
+
+        With extents, a new span starts wherever the next record does not follow the
+        previous one within :data:`_GAP` bytes: LMDB puts a value in reused free pages
+        now and then, anywhere earlier in the file, and one span from the lowest to
+        the highest offset would read everything between.  Without extents, one span
+        from the first record to the last (a lookup of each in the B-tree)."""
         if self.extents is not None:
-            start = int(self.offsets[a:b].min())
-            end = int((self.offsets[a:b] + self.lengths[a:b]).max())
+            off = self.offsets[a:b]
+            end = off + self.lengths[a:b]
+            jump = np.empty(len(off), bool)
+            jump[0] = True
+            jump[1:] = (off[1:] < end[:-1]) | (off[1:] > end[:-1] + _GAP)
+            ids = np.cumsum(jump) - 1
+            firsts = np.flatnonzero(jump)
+            starts = off[firsts]
+            ends = np.maximum.reduceat(end, firsts)
+            bounds = list(zip(starts.tolist(), ends.tolist()))
         else:
             first = self.lookup.get(encode_key(a))
             last = self.lookup.get(encode_key(b - 1))
             if first is None or last is None:
                 raise FormatError(f"{self.path}: records {a}..{b - 1} are missing; the file is "
                                   "damaged or truncated: run `seqloader verify` on it")
-            start = _address(first) - self.base
-            end = _address(last) - self.base + len(last)
-        return start & ~(_PAGE - 1), min(self.size, (end + _PAGE - 1) & ~(_PAGE - 1))
+            bounds = [(_address(first) - self.base, _address(last) - self.base + len(last))]
+            ids = None
+        return [(s & ~(_PAGE - 1), min(self.size, (e + _PAGE - 1) & ~(_PAGE - 1)))
+                for s, e in bounds], ids
 
     def get(self, local: int) -> memoryview:
         if self.extents is not None:
@@ -336,35 +354,45 @@ class RangeReader:
             pref.discard_queued()
         self._passes += 1
         pass_id = self._passes
-        advised = consumed = 0
+        advised = consumed = 0  # bytes of spans queued / walked past by the cursor
         block = _Prefetcher.FIRST_BLOCK
-        nxt, span = 0, None  # next part to advise, and what is left of its byte span
+        # advising: next part, its spans and record->span ids, the span being queued
+        # and what is left of it
+        nxt, part_spans, j, rest = 0, None, 0, None
         queued: tuple = ()  # key of the last block handed to the readahead thread
+        span_base: dict[tuple[int, int], tuple[int, int]] = {}  # (part, span) -> (advised, start)
+        ids_of: dict[int, np.ndarray | None] = {}
 
         def advise_more() -> None:
             # The window opens gradually (a pass's first records arrive after a small
-            # read, and later parts' spans are looked up only when needed).
-            nonlocal advised, nxt, span, block, queued
+            # read, and later parts' spans are computed only when needed).
+            nonlocal advised, nxt, part_spans, j, rest, block, queued
             while advised - consumed < min(window, 2 * consumed + _Prefetcher.BLOCK):
-                if span is None:
-                    if nxt >= len(parts):
-                        return
-                    s, a, b = parts[nxt]
-                    if shards[s].base is None or b <= a:
-                        nxt += 1
-                        continue
-                    span = (s, *shards[s].span(a, b))
-                s, start, end = span
+                if rest is None:
+                    if part_spans is None:
+                        if nxt >= len(parts):
+                            return
+                        s, a, b = parts[nxt]
+                        if shards[s].base is None or b <= a:
+                            nxt += 1
+                            continue
+                        part_spans, ids_of[nxt] = shards[s].spans(a, b)
+                        j = 0
+                    rest = part_spans[j]
+                    span_base[(nxt, j)] = (advised, rest[0])
+                start, end = rest
                 n = min(block, end - start)
                 block = min(2 * block, _Prefetcher.BLOCK)
-                sh = shards[s]
-                queued = (pass_id, nxt, start + n)
+                sh = shards[parts[nxt][0]]
+                queued = (pass_id, nxt, j, start + n)
                 pref.spans.put((queued, sh.fd, start, n, sh.base + start))
                 advised += n
-                if start + n >= end:
-                    span, nxt = None, nxt + 1
+                if start + n < end:
+                    rest = (start + n, end)
                 else:
-                    span = (s, start + n, end)
+                    rest, j = None, j + 1
+                    if j == len(part_spans):
+                        part_spans, nxt = None, nxt + 1
 
         for i, (s, a, b) in enumerate(parts):
             sh = shards[s]
@@ -379,8 +407,14 @@ class RangeReader:
                 if sh.base is not None:
                     end = _address(value) - sh.base + len(value)
                     if pref is not None:
-                        key = (pass_id, i, end)
+                        ids = ids_of.get(i)
+                        key = (pass_id, i, 0 if ids is None else int(ids[local - a]), end)
                         cached = pref.done >= key or (queued >= key and pref.wait_for(key))
+                        started = span_base.get(key[1:3])
+                        # the cursor's place in the queued stream (the window's far end
+                        # if its span is not queued yet)
+                        consumed = advised if started is None else \
+                            max(consumed, started[0] + end - started[1])
                 if self.fault_in:
                     _touch(value)
                     self.release((value,))  # read in order now; used later from the page cache
@@ -393,9 +427,11 @@ class RangeReader:
                     _unmap(sh.base, sh.size)
                     walked = 0
                 yield base + local, value
-                consumed += len(value)
                 if window and advised - consumed < window // 2:
                     advise_more()
+            ids_of.pop(i, None)
+            for key in [k for k in span_base if k[0] == i]:
+                del span_base[key]
             if sh.base is not None:
                 _unmap(sh.base, sh.size)
 

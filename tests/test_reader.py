@@ -191,3 +191,33 @@ def test_extents_that_do_not_fit_the_file_are_a_clear_error(big_db, damage):
     with pytest.raises(FormatError, match=r"ILSVRC-train.lmdb.*extents do not fit.*re-copy"):
         next(reader.read([(0, 3)]))
     reader.close()
+
+
+def test_spans_cover_every_record_and_skip_far_outliers(big_db):
+    """LMDB now and then puts a value in reused free pages far earlier in the file: it
+    gets a span of its own instead of one span over everything in between."""
+    from seqloader.reader import _Shard
+
+    sh = _Shard(str(big_db.paths[0]), big_db.metas[0], True)
+    try:
+        n = big_db.num_records
+
+        def check(spans, ids):
+            assert [int(i) for i in ids] == sorted(int(i) for i in ids)  # in record order
+            for k in range(n):
+                s, e = spans[ids[k]]
+                assert s <= sh.offsets[k] and sh.offsets[k] + sh.lengths[k] <= e
+                assert s % 4096 == 0 and (e % 4096 == 0 or e == sh.size)
+
+        spans, ids = sh.spans(0, n)
+        check(spans, ids)
+        sh.offsets = sh.offsets.copy()
+        sh.offsets[60] = 4096  # as if record 60 sat in reused pages near the file's start
+        moved, moved_ids = sh.spans(0, n)
+        check(moved, moved_ids)
+        assert len(moved) == len(spans) + 2  # before it, itself, after it
+        assert moved[moved_ids[60]] == (4096, 4096 + ((int(sh.lengths[60]) + 4095) // 4096) * 4096)
+        assert sum(e - s for s, e in moved) <= sum(e - s for s, e in spans) + 2 * 4096 + \
+            int(sh.lengths[60])
+    finally:
+        sh.close()
