@@ -82,7 +82,8 @@ JSON (``--json``; the only thing printed to stdout)::
                   (first batch of the --cold rehearsal, else null), "disk_mb_per_s" (what
                   the data's block device delivered over the measured window, from
                   sysfs: the disk's view, which a read-ahead window or a shuffle buffer
-                  cannot inflate)[, "leftover_processes"]}, ...],
+                  cannot inflate), "major_faults" (page faults served from disk in the
+                  window, machine-wide)[, "leftover_processes"]}, ...],
      "quality": null | {"seqloader": [{"workers", "distinct_ratio",
                                        "epoch_correlation", "batch_size",
                                        "cache_per_reader", "chunk_size"} | {"workers", "error"}],
@@ -131,7 +132,7 @@ RESULT_KEYS = ("loader", "mode", "workers", "batch_size", "images", "batches", "
                "base_pss_mb", "peak_processes", "cpu_percent", "cpu_seconds", "cores", "cold",
                "evicted", "resident_before", "pipeline", "stopped", "warmup_batches", "epochs",
                "per_process_images_per_s", "scale", "rehearsal_first_batch_s",
-               "disk_mb_per_s")
+               "disk_mb_per_s", "major_faults")
 _SAMPLE = 100
 _RESIDENCY_FILES = 2000
 _DIRTY_S = 120
@@ -373,7 +374,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     Returns ``images, batches, bytes, seconds, images_per_s, mb_per_s, first_batch_s,
     warmup_batches, stopped`` ("batches", "seconds" or "exhausted"), ``disk_mb_per_s``
     (bytes block device ``disk`` -- e.g. ``"/dev/vda"`` -- delivered over the measured
-    window; None without ``disk``),
+    window; None without ``disk``), ``major_faults`` (page faults served from disk over
+    that window, machine-wide: on a cold run, code or data faulted in at random),
     ``peak_rss_mb, peak_pss_mb, peak_uss_mb, peak_anon_mb`` (sums over this process
     and the processes started during the call, sampled every ``interval`` s -- each
     sample reads ``smaps_rollup``, which walks the page tables: ~9 ms of CPU per
@@ -406,6 +408,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     t_start = t_end = t0
     cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
     disk_start = disk_end = _disk_read_bytes(disk)
+    faults_start = faults_end = _major_faults()
     try:
         iterable = make_iterable()
         iterator = iter(iterable)
@@ -422,6 +425,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
                     t_start = t_end = time.perf_counter()
                     cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
                     disk_start = _disk_read_bytes(disk)
+                    faults_start = _major_faults()
                 continue
             i, b = count(batch)
             del batch
@@ -436,6 +440,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
                 stopped = "seconds"
                 break
         disk_end = _disk_read_bytes(disk)
+        faults_end = _major_faults()
         monitor.sample()
         cpu = monitor.cpu_since(cpu_start, own_start)
     finally:
@@ -458,6 +463,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
         "warmup_batches": warm, "stopped": stopped,
         "disk_mb_per_s": (None if disk_start is None or disk_end is None or not n_batches
                           or dt <= 0 else round((disk_end - disk_start) / dt / MB, 3)),
+        "major_faults": (None if faults_start is None or faults_end is None or not n_batches
+                         else faults_end - faults_start),
         "peak_rss_mb": _mb_kb(monitor.peak["rss"]), "peak_pss_mb": _mb_kb(monitor.peak["pss"]),
         "peak_uss_mb": _mb_kb(monitor.peak["uss"]), "peak_anon_mb": _mb_kb(monitor.peak["anon"]),
         "base_rss_mb": _mb_kb(base.get("rss")), "base_pss_mb": _mb_kb(base.get("pss")),
@@ -678,6 +685,18 @@ def _disk_read_bytes(device: str | None) -> int | None:
             return int(f.read().split()[2]) * 512
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _major_faults() -> int | None:
+    """Page faults the kernel served from disk so far, machine-wide (/proc/vmstat)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("pgmajfault "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _meminfo() -> dict[str, int]:
