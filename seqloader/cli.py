@@ -75,6 +75,7 @@ def _info(args: argparse.Namespace) -> int:
         "shuffled": db.metas[0].shuffled, "seed": db.metas[0].seed,
         "checksums": [m.checksum for m in db.metas], "shard_sizes": list(db.shard_sizes),
         "bad_files": sum(len(m.bad_files) for m in db.metas), "created": db.metas[0].created,
+        "record_extents": all(bool(m.extents) for m in db.metas),
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -89,7 +90,10 @@ def _info(args: argparse.Namespace) -> int:
           f"{len(db.paths)} shard(s)\n"
           f"  order: {'shuffled, seed ' + str(info['seed']) if info['shuffled'] else 'sorted'}; "
           f"{info['bad_files']} bad source file(s) skipped\n"
-          f"  checksum {', '.join(c[:16] + '…' for c in info['checksums'])}")
+          f"  checksum {', '.join(c[:16] + '…' for c in info['checksums'])}\n"
+          f"  record extents: " + ("yes (read without B-tree lookups)" if info["record_extents"]
+                                   else "no (an older writer: records are found through the "
+                                        "B-tree; re-create the file to get them)"))
     return 0
 
 

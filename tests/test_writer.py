@@ -211,6 +211,7 @@ def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["complete"] and info["num_records"] > 0 and info["format_version"] == 1
     assert {"classes", "image_bytes", "checksums", "split"} <= set(info)
+    assert info["record_extents"] is True
     assert cli(["verify", str(lmdb_dir / "ILSVRC-val.lmdb"), "--no-progress"]) == 0
     # damage one record: verify must name it and fail
     import shutil
