@@ -5,8 +5,8 @@ A cursor walk over an LMDB file touches its memory map page by page; each page
 fault reads at most ``read_ahead_kb`` of the file -- 128 KB on most systems.  A
 disk that serves ~100 requests/s then delivers ~13 MB/s whatever its bandwidth.
 So the reader reads ahead itself, in large requests: for the record ranges it will
-walk next it looks up their byte spans in the file (a record value's address minus
-the mapping's base) and a background thread reads those spans with 16 MiB
+walk next it takes their byte spans from the metadata's record extents (NOTE
+[ record extents ]; older files: a B-tree lookup) and a background thread reads those spans with 16 MiB
 ``pread`` calls, up to ``prefetch_bytes`` ahead of the cursor, into a scratch buffer -- so
 the pages are in the page cache when the cursor arrives.  Only the reader's own
 ranges are read.  Measured under hddsim (100 IO/s, 150 MiB/s), one reader:
