@@ -32,7 +32,6 @@ except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
 _MADV_DONTNEED = 4
 
 
-
 def unmap(start: int, length: int) -> None:
     """Drop ``[start, start + length)`` of a read-only file mapping from this process's
     page tables (the page cache keeps the bytes; touching them again is a minor fault).

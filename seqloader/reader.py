@@ -33,7 +33,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .database import Database, close_env, open_env
-from .format import FormatError, Meta, encode_key, meta_extents
+from .format import EXTENT_DTYPE, FormatError, Meta, encode_key, meta_extents
 
 __all__ = ["RangeReader"]
 
@@ -449,8 +449,6 @@ class RangeReader:
     def extents(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """File offset and length (:data:`~seqloader.format.EXTENT_DTYPE`) of every record
         of ``ranges``, found by reading them (one sequential pass)."""
-        from .format import EXTENT_DTYPE
-
         out = []
         for i, value in self.read(ranges):
             sh = self._shards[bisect.bisect_right(self._offsets, i) - 1]

@@ -239,15 +239,19 @@ class _ShardWriter:
             except lmdb.MapFullError:
                 env.set_mapsize(env.info()["map_size"] * 2)
         if pending and self.extents is not None:
-            self._locate(env, [key for key, _ in pending])
+            ext = self._locate(env, [key for key, _ in pending])
+            if ext is None:  # no /proc: the file gets no extents; readers use the B-tree
+                self.extents = None
+            else:
+                self.extents.append(ext)
 
-    def _locate(self, env: lmdb.Environment, keys: list[bytes]) -> None:
-        """Append the extents of just-committed records (NOTE [ record extents ] in
-        reader.py): their pages are in the page cache, so this reads nothing from disk."""
+    def _locate(self, env: lmdb.Environment, keys: list[bytes]) -> np.ndarray | None:
+        """Extents of committed records (NOTE [ record extents ] in reader.py), or None
+        without /proc.  Called right after their commit, their pages are in the page
+        cache, so this reads nothing from disk."""
         base = map_base(str(self.partial))
-        if base is None:  # no /proc: the file gets no extents; readers use the B-tree
-            self.extents = None
-            return
+        if base is None:
+            return None
         out = np.empty(len(keys), EXTENT_DTYPE)
         with env.begin(buffers=True) as txn:
             for j, key in enumerate(keys):
@@ -255,7 +259,7 @@ class _ShardWriter:
                 out[j] = (address(value) - base, len(value))
                 del value
         unmap(base, env.info()["map_size"])  # keep the writer's RSS flat (NOTE [ mapped pages ])
-        self.extents.append(out)
+        return out
 
     def _relocate_small(self, env: lmdb.Environment, ext: np.ndarray) -> np.ndarray:
         """Values small enough to live inside B-tree leaves (about half a page or less)
@@ -264,13 +268,7 @@ class _ShardWriter:
         never moves; a real photo is rarely small enough to need this."""
         small = np.flatnonzero(ext["length"] <= env.stat()["psize"] // 2)
         if len(small):
-            base = map_base(str(self.partial))
-            with env.begin(buffers=True) as txn:
-                for i in small.tolist():
-                    value = txn.get(encode_key(i))
-                    ext[i] = (address(value) - base, len(value))
-                    del value
-            unmap(base, env.info()["map_size"])
+            ext[small] = self._locate(env, [encode_key(int(i)) for i in small])
         return ext
 
     def _committed_extents(self) -> list[np.ndarray]:
