@@ -397,7 +397,10 @@ class RangeReader:
         for i, (s, a, b) in enumerate(parts):
             sh = shards[s]
             if window:
-                advise_more()
+                if nxt <= i:  # nothing of this part queued: the cursor has passed all that is
+                    consumed = advised
+                advise_more()  # (so this part's spans and record->span ids exist now)
+            ids = ids_of.get(i)
             base = self._offsets[s]
             walked = 0  # bytes walked since the map was last unmapped (NOTE [ mapped pages ])
             for local, value in enumerate(sh.values(a, b), a):
@@ -407,7 +410,6 @@ class RangeReader:
                 if sh.base is not None:
                     end = _address(value) - sh.base + len(value)
                     if pref is not None:
-                        ids = ids_of.get(i)
                         key = (pass_id, i, 0 if ids is None else int(ids[local - a]), end)
                         cached = pref.done >= key or (queued >= key and pref.wait_for(key))
                         started = span_base.get(key[1:3])
