@@ -9,11 +9,15 @@ Compares, over in-memory JPEG bytes (one thread, ``cv2.setNumThreads(1)``):
   fused_uint8       ``compile_fused(recipe, output="uint8")``: -> (224, 224, 3) uint8
   fused_no_reduce   fused_float with ``reduced_decode=False``
 
-for a set of ~500x375 images (ImageNet-like) and a set of ~1200x900 photos; then, on
-the draws where a reduced-scale decode applies, fused with vs without it (and the
-decode alone).  Every method sees the same (image, rng seed) sequence.
+for a set of ~500x375 images (ImageNet-like), ~1200x900 photos and 2000x1500 photos, at
+one or more JPEG qualities; then, on the draws where a reduced-scale decode applies,
+fused with vs without it (and the decode alone), for the training recipe and for the
+evaluation recipe (Resize(256) + CenterCrop(224): the whole image is the region, so a
+1000+ px photo always gets a reduced decode).  Every method sees the same (image, rng
+seed) sequence.
 
-    python benchmarks/transforms_bench.py [--images 200] [--draws 2] [--json out.json]
+    python benchmarks/transforms_bench.py [--images 200] [--draws 2] [--quality 75,90]
+        [--sets imagenet,photos,large] [--json out.json]
 """
 from __future__ import annotations
 
@@ -25,13 +29,15 @@ import time
 import cv2
 import numpy as np
 
-from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop,
-                                  ToTensor, compile_fused, decode_rgb)
+from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
+                                  RandomResizedCrop, Resize, ToTensor, compile_fused, decode_rgb)
 from seqloader import _fused
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SMALL_SIZES = [(375, 500)] * 6 + [(500, 375)] * 2 + [(333, 500), (400, 500), (375, 450)]
 LARGE_SIZES = [(900, 1200), (1200, 900), (768, 1024), (960, 1280)]
+HUGE_SIZES = [(1500, 2000), (2000, 1500)]
+SIZES = {"imagenet": SMALL_SIZES, "photos": LARGE_SIZES, "large": HUGE_SIZES}
 
 
 def synth_photo(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
@@ -131,7 +137,36 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int) -> dict:
                                    / times["fused_float"][sel].sum(), 2),
             "decode_only_speedup": round(dec_full.sum() / dec_red.sum(), 2),
         }
+    result["eval"] = bench_eval(jpegs, repeat)
+    # The floor: the smallest decode libjpeg can do (1/8 scale) still entropy-decodes
+    # every coefficient; its time against the full decode bounds any DCT-scaling gain.
+    eighth = timed({"full": lambda data, k: _fused.decode(np.frombuffer(data, np.uint8), 1),
+                    "eighth": lambda data, k: _fused.decode(np.frombuffer(data, np.uint8), 8)},
+                   [(data, 0) for data in jpegs], repeat, make_arg=int)
+    result["max_dct_scaling_speedup"] = round(eighth["full"].sum() / eighth["eighth"].sum(), 2)
     return result
+
+
+def bench_eval(jpegs: list[bytes], repeat: int) -> dict:
+    """The evaluation recipe, fused with vs without reduced decoding, on every image."""
+    recipe = Compose([Resize(256), CenterCrop(224), ToTensor(), Normalize(MEAN, STD)])
+    red, full = compile_fused(recipe), compile_fused(recipe, reduced_decode=False)
+    outs = {p: np.empty(p.out_shape, p.out_dtype) for p in (red, full)}
+    samples = [(data, i) for i, data in enumerate(jpegs)]
+    ks = np.array([red.plan(*_fused.jpeg_info(d)[:2], np.random.default_rng(s)).k
+                   for d, s in samples])
+    times = timed({"fused": lambda data, rng: red(data, outs[red], rng),
+                   "fused_no_reduce": lambda data, rng: full(data, outs[full], rng)},
+                  samples, repeat)
+    out = {"reduced_share": round(float(np.mean(ks > 1)), 3),
+           "k_counts": {int(k): int(np.sum(ks == k)) for k in (1, 2, 4, 8)}}
+    sel = ks > 1
+    if sel.any():
+        out.update(fused_ms=round(1e3 * times["fused"][sel].mean(), 3),
+                   fused_no_reduce_ms=round(1e3 * times["fused_no_reduce"][sel].mean(), 3),
+                   fused_speedup=round(times["fused_no_reduce"][sel].sum()
+                                       / times["fused"][sel].sum(), 2))
+    return out
 
 
 def main() -> None:
@@ -140,23 +175,34 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=2, help="random crops per image (default 2)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per sample; the fastest counts (default 3)")
-    ap.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    ap.add_argument("--quality", default="90",
+                    help="JPEG quality, or a comma list of them (default 90)")
     ap.add_argument("--sets", default="imagenet,photos",
-                    help="comma list of: imagenet (~500x375), photos (~1200x900)")
+                    help="comma list of: imagenet (~500x375), photos (~1200x900), "
+                         "large (2000x1500)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
     if min(args.images, args.draws, args.repeat) <= 0:
         ap.error("--images, --draws and --repeat must be positive")
+    try:
+        qualities = [int(q) for q in args.quality.split(",") if q]
+    except ValueError:
+        ap.error(f"--quality {args.quality!r}: give integers 1-100, e.g. 75,90")
+    if not qualities or not all(1 <= q <= 100 for q in qualities):
+        ap.error(f"--quality {args.quality!r}: give integers 1-100, e.g. 75,90")
+    names = [s for s in args.sets.split(",") if s]
+    for name in names:
+        if name not in SIZES:
+            ap.error(f"unknown set {name!r}; use {', '.join(SIZES)}")
     cv2.setNumThreads(1)
-    sizes = {"imagenet": SMALL_SIZES, "photos": LARGE_SIZES}
     results = {"cv2": cv2.__version__, "numpy": np.__version__, "python": platform.python_version(),
                "cpu": platform.processor() or platform.machine(), "repeat": args.repeat,
-               "quality": args.quality, "sets": {}}
-    for n, name in enumerate(s for s in args.sets.split(",") if s):
-        if name not in sizes:
-            ap.error(f"unknown set {name!r}; use imagenet and/or photos")
-        jpegs = make_set(sizes[name], args.images, seed=n, quality=args.quality)
-        results["sets"][name] = bench_set(name, jpegs, args.draws, args.repeat)
+               "quality": qualities, "sets": {}}
+    for n, name in enumerate(names):
+        for q in qualities:
+            jpegs = make_set(SIZES[name], args.images, seed=n, quality=q)
+            key = name if len(qualities) == 1 else f"{name}-q{q}"
+            results["sets"][key] = bench_set(key, jpegs, args.draws, args.repeat)
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -179,6 +225,13 @@ def print_table(results: dict) -> None:
             print(f"{name:<10} where reduced applies ({w['samples']}): fused {w['fused_ms']} ms vs "
                   f"{w['fused_no_reduce_ms']} ms without -> {w['fused_speedup']}x "
                   f"(decode alone {w['decode_only_speedup']}x)")
+        e = r["eval"]
+        if "fused_speedup" in e:
+            print(f"{name:<10} evaluation recipe (Resize 256 + CenterCrop 224): reduced on "
+                  f"{100 * e['reduced_share']:.0f}%, k counts {e['k_counts']}: {e['fused_ms']} ms "
+                  f"vs {e['fused_no_reduce_ms']} ms -> {e['fused_speedup']}x")
+        print(f"{name:<10} ceiling of DCT scaling (1/8-scale decode vs full): "
+              f"{r['max_dct_scaling_speedup']}x")
         print()
 
 

@@ -1,4 +1,4 @@
-"""Smoke tests of benchmarks/shuffle_quality.py and benchmarks/shuffle_accuracy.py: tiny
+"""Smoke tests of benchmarks/shuffle_quality.py, shuffle_accuracy.py and transforms_bench.py: tiny
 sizes, end to end through the command line with --json."""
 from __future__ import annotations
 
@@ -101,3 +101,26 @@ def test_shuffle_accuracy_script(tmp_path):
     except ImportError:
         pytest.skip("matplotlib not installed: no plot")
     assert (out / "shuffle_accuracy.png").stat().st_size > 0
+
+
+def test_transforms_bench_script(tmp_path):
+    out = tmp_path / "t.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(BENCH / "transforms_bench.py"), "--images", "3",
+                        "--draws", "1", "--repeat", "1", "--sets", "imagenet,large",
+                        "--quality", "75,90", "--json", str(out)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["quality"] == [75, 90]
+    assert set(doc["sets"]) == {"imagenet-q75", "imagenet-q90", "large-q75", "large-q90"}
+    for name, r in doc["sets"].items():
+        assert r["max_dct_scaling_speedup"] > 0
+        if name.startswith("large"):  # 2000x1500 at 224 px: reduced decoding always applies
+            assert r["eval"]["k_counts"]["4"] == 3 and r["eval"]["fused_speedup"] > 0
+            assert r["where_reduced"]["samples"] >= 1
+        else:  # ~500x375 at 224 px: it never does
+            assert r["reduced_share"] == 0 and "fused_speedup" not in r["eval"]
+    bad = subprocess.run([sys.executable, str(BENCH / "transforms_bench.py"), "--quality", "x"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--quality" in bad.stderr
