@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from hdd_compare import (REPO, RESULTS, CpuAccount, drops, fmt, git_state, log, loadavg, machine, machine_md,  # noqa: E402
-                         run_cmd, tree_files, wait_quiet, warm_files)
+                         run_cmd, wait_quiet, warm_files)
 
 KEYS = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "uss", "Private_Dirty:": "uss",
         "Anonymous:": "anon", "Pss_Anon:": "pss_anon", "Pss_File:": "pss_file",
@@ -161,7 +160,7 @@ def main() -> int:
         return 0
     db_dir = build(args)
 
-    import torch
+    import torch  # noqa: F401 -- loaded before the first sample, so the base includes it
     from multiprocessing import resource_tracker
 
     from seqloader import Loader
@@ -197,7 +196,6 @@ def main() -> int:
         "db_file_mb": round(db.file_bytes / 1e6, 1), "num_records": db.num_records,
     }
     epochs = []
-    prev_end = None
     try:
         for e in range(args.epochs):
             eacct = CpuAccount()
