@@ -144,10 +144,7 @@ class _Shard:
     def values(self, a: int, b: int) -> Iterator[memoryview]:
         """The values of local records ``[a, b)``, in order."""
         if self.extents is not None:
-            offs, lens, view = self.offsets, self.lengths, self.view
-            for local in range(a, b):
-                off = int(offs[local])
-                yield view[off:off + int(lens[local])]
+            yield from map(self.get, range(a, b))
             return
         cur = self.cur
         if not cur.set_key(encode_key(a)):
