@@ -12,6 +12,9 @@ setup(
         "lmdb>=1.4",
         "msgpack>=1.0",
         "opencv-python-headless>=4.5",
+        # JPEG decoding into our own buffers, and stopping below the crop without
+        # libjpeg printing a warning per image (NOTE [ row-limited decode ])
+        "simplejpeg>=1.6",
         "numpy>=1.22",
         "torch>=1.12",
         "tqdm>=4.60",

@@ -23,6 +23,24 @@ levels on photo-like images).  So an antialiased downscale here is:
 Upscaling uses step 3 only.  ``antialias=False`` uses step 3 only, also when
 shrinking (like torchvision's tensor path).  ``box`` is ``INTER_AREA``; ``nearest``
 is ``INTER_NEAREST`` and ``nearest-exact`` ``INTER_NEAREST_EXACT``.
+
+NOTE [ row-limited decode ]
+A sequential (baseline or extended, Huffman-coded) JPEG is one scan of MCU rows, top
+to bottom, and a decoder that has produced the rows it needs can stop: nothing below
+them is entropy-decoded -- the part of the work DCT scaling cannot shrink (a 1/8-scale
+decode still costs ~55-70 % of a full one).  libjpeg has no "stop here" switch that
+OpenCV exposes, but the frame height is just two bytes of the SOF header: we decode a
+copy whose header says ``rows`` (rows = the crop's last row + the resampling kernel's
+reach + one MCU row, because chroma upsampling looks one row below; rounded up to
+whole MCU rows).  The decoder then reads that many MCU rows and skips the rest of
+the scan as "extraneous bytes" -- a warning, which ``simplejpeg`` (libjpeg-turbo's
+TurboJPEG API) keeps to itself with ``strict=False`` while OpenCV would print it
+to stderr for every image, so these decodes go through simplejpeg.  Every pixel
+above the margin is bit-identical to a full decode (IDCT and upsampling of a row
+depend on nothing below its MCU row's neighbour; tested on 4:2:0/4:2:2/4:4:4, grey,
+restart intervals and every reduced scale).  Progressive and arithmetic-coded JPEGs
+(several scans, or other markers) are decoded whole.  simplejpeg also decodes into
+a reused per-thread buffer instead of a fresh allocation per image.
 """
 from __future__ import annotations
 
@@ -35,7 +53,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .images import jpeg_info
+from .images import JpegFrame, jpeg_frame
+
+try:
+    import simplejpeg
+except ImportError:  # a declared dependency; without it OpenCV decodes every image whole
+    simplejpeg = None
 
 MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos")
 _UP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "box": cv2.INTER_AREA,
@@ -94,6 +117,62 @@ def decode(buf: np.ndarray, k: int = 1) -> np.ndarray | None:
         return cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB | _REDUCED_GRAY[k] | _IGNORE_ORIENTATION)
     img = cv2.imdecode(buf, _REDUCED_BGR[k] | _IGNORE_ORIENTATION)
     return None if img is None else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+
+# ----------------------------------------------------------------------------- decoding
+
+#: SOF markers of single-scan, Huffman-coded JPEGs (baseline, extended sequential):
+#: the ones a decoder may stop early on (NOTE [ row-limited decode ]).
+_SEQUENTIAL = (0xC0, 0xC1)
+#: Largest decoded image kept as a per-thread scratch buffer (bigger ones are allocated).
+_SCRATCH_MAX = 64 << 20
+
+
+def decoded_rows(frame: JpegFrame, k: int, y1: float) -> int:
+    """How many source rows of ``frame`` to decode (at scale 1/``k``) so that every
+    decoded row a crop ending at source row ``y1`` reads -- with rounding and the
+    widest resampling kernel (Lanczos, 4 px) -- equals a full decode's.  The full
+    height for JPEGs that cannot be stopped early.  NOTE [ row-limited decode ]"""
+    if frame.marker not in _SEQUENTIAL or frame.components not in (1, 3) or simplejpeg is None:
+        return frame.height
+    mcu = frame.mcu_height
+    need = math.ceil(y1) + 6 * k
+    return min(frame.height, (-(-need // mcu) + 1) * mcu)
+
+
+def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, rows: int,
+                local: threading.local) -> tuple[np.ndarray | None, int]:
+    """Decode the first ``rows`` source rows of a JPEG at scale 1/``k`` to RGB.
+
+    Returns ``(image, rows_decoded)``: the image may live in a per-thread scratch
+    buffer of ``local`` (valid until this thread's next call) and holds
+    ``ceil(rows_decoded / k)`` rows; ``rows_decoded`` is ``frame.height`` when the
+    decode fell back to a whole one.  ``(None, ...)`` if the bytes cannot be decoded.
+    """
+    if simplejpeg is None or frame.components not in (1, 3):
+        return decode(buf, k), frame.height
+    partial = rows < frame.height
+    data: Any = buf
+    if partial:  # same bytes, smaller frame height: the decoder stops after `rows`
+        o = frame.offset + 5
+        data = b"".join((buf[:o], rows.to_bytes(2, "big"), buf[o + 2:]))
+    h, w = -(-rows // k), -(-frame.width // k)
+    nbytes = h * w * 3
+    scratch = getattr(local, "decoded", None)
+    if nbytes > _SCRATCH_MAX:
+        scratch = None
+    elif scratch is None or scratch.size < nbytes:  # grow-only, in 4 MiB steps
+        scratch = local.decoded = np.empty(-(-nbytes // (4 << 20)) * (4 << 20), np.uint8)
+    try:
+        # strict=False for a partial decode: the skipped tail is a (silent) warning
+        img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=h, min_width=w,
+                                     strict=not partial, buffer=scratch)
+    except ValueError:  # corrupt but maybe decodable with warnings: as OpenCV does it
+        return decode(buf, k), frame.height
+    if img.shape != (h, w, 3):  # a scale this libjpeg does not offer: decode whole
+        return decode(buf, k), frame.height
+    return img, rows
 
 
 def as_buffer(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
@@ -300,12 +379,14 @@ class FusedPipeline:
     def __init__(self, geometry: RRCGeometry | ResizeCropGeometry, out_hw: tuple[int, int], *,
                  mode: str, antialias: bool, flip_p: float | None, to_tensor: bool,
                  mean: tuple[float, ...] | None, std: tuple[float, ...] | None,
-                 output: str = "float", reduced_decode: bool = True) -> None:
+                 output: str = "float", reduced_decode: bool = True,
+                 partial_decode: bool = True) -> None:
         self.geometry, self.out_hw = geometry, (int(out_hw[0]), int(out_hw[1]))
         self.mode, self.antialias, self.flip_p = mode, antialias, flip_p
         self.to_tensor, self.mean, self.std = to_tensor, mean, std
         to_float = self.to_float = to_tensor and output == "float"
         self.reduced_decode = bool(reduced_decode)
+        self.partial_decode = bool(partial_decode)
         h, w = self.out_hw
         self.out_shape = (3, h, w) if to_float else (h, w, 3)
         self.out_dtype = np.dtype(np.float32 if to_float else np.uint8)
@@ -324,7 +405,7 @@ class FusedPipeline:
     def __repr__(self) -> str:
         return (f"FusedPipeline({self.geometry!r}, out_shape={self.out_shape}, "
                 f"out_dtype={self.out_dtype}, flip_p={self.flip_p}, mode={self.mode!r}, "
-                f"reduced_decode={self.reduced_decode})")
+                f"reduced_decode={self.reduced_decode}, partial_decode={self.partial_decode})")
 
     def device_normalize(self) -> Any:
         """For uint8 output of a recipe with ToTensor: the
@@ -370,28 +451,33 @@ class FusedPipeline:
         if rng is None:
             rng = get_default_rng()
         buf = as_buffer(data)
-        info = jpeg_info(memoryview(buf)) if buf.size else None
-        if info is None:  # not a JPEG (or no SOF found): decode first, then plan
+        frame = jpeg_frame(memoryview(buf)) if buf.size else None
+        if frame is None or frame.height == 0:  # not a JPEG (or no usable SOF): decode first
             img = decode(buf)
             if img is None:
                 raise ValueError(f"cannot decode image ({buf.size} bytes)")
             p = self.plan(img.shape[0], img.shape[1], rng, jpeg=False)
+            rows = img.shape[0]
         else:
-            p = self.plan(info[0], info[1], rng)
-            img = decode(buf, p.k)
+            p = self.plan(frame.height, frame.width, rng)
+            rows = decoded_rows(frame, p.k, p.window.y1) if self.partial_decode else frame.height
+            img, rows = decode_jpeg(buf, frame, p.k, rows, self._local)
             if img is None:
-                raise ValueError(f"cannot decode JPEG ({buf.size} bytes, header {info})")
-        self._render(img, p, out)
+                raise ValueError(f"cannot decode JPEG ({buf.size} bytes, "
+                                 f"header {frame.height}x{frame.width}x{frame.components})")
+        self._render(img, p, rows, out)
 
-    def _render(self, img: np.ndarray, p: FusedPlan, out: np.ndarray) -> None:
+    def _render(self, img: np.ndarray, p: FusedPlan, rows: int, out: np.ndarray) -> None:
+        """Crop, resize, flip and convert ``img``: the first ``rows`` source rows of the
+        image decoded at scale 1/``p.k`` (NOTE [ row-limited decode ])."""
         win, oh, ow = p.window, self.out_hw[0], self.out_hw[1]
         dh, dw = img.shape[:2]
         # decoded-pixel coordinates: exact 1/k for a reduced decode; proportional if the
         # decoder disagrees with the header (never seen, but cheap to survive)
-        if (dh, dw) == (-(-p.height // p.k), -(-p.width // p.k)):
+        if (dh, dw) == (-(-rows // p.k), -(-p.width // p.k)):
             fy = fx = 1.0 / p.k
         else:
-            fy, fx = dh / p.height, dw / p.width
+            fy, fx = dh / rows, dw / p.width
         box = (win.y0 * fy, win.x0 * fx, win.y1 * fy, win.x1 * fx)
         local = self._local
         padded = (win.oy0, win.ox0, win.oy1, win.ox1) != (0, 0, oh, ow)

@@ -15,11 +15,13 @@ Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cv2
 import numpy as np
 
-__all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "decode_bgr"]
+__all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "jpeg_frame", "JpegFrame",
+           "decode_bgr"]
 
 _MAGIC = [
     (b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"),
@@ -39,8 +41,20 @@ def sniff_format(data: bytes) -> str:
     return "unknown"
 
 
-def jpeg_info(data: bytes) -> tuple[int, int, int] | None:
-    """(height, width, components) from a JPEG's SOF marker, or None if not found."""
+class JpegFrame(NamedTuple):
+    """What a JPEG's SOF marker says, and where it is."""
+
+    height: int
+    width: int
+    components: int
+    marker: int  # 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive, ...
+    offset: int  # index of the SOF marker's 0xFF byte in the data
+    mcu_height: int  # rows of one MCU row (8 x the largest vertical sampling factor)
+
+
+def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
+    """The frame header of a JPEG (its SOF marker), or None if none is found before the
+    first scan.  Walks the marker segments only; never decodes."""
     i, n = 2, len(data)
     while i + 4 <= n:
         if data[i] != 0xFF:
@@ -59,11 +73,20 @@ def jpeg_info(data: bytes) -> tuple[int, int, int] | None:
                 return None
             h = int.from_bytes(data[i + 5:i + 7], "big")
             w = int.from_bytes(data[i + 7:i + 9], "big")
-            return h, w, data[i + 9]
+            nc = data[i + 9]
+            # component specs: id, (H << 4 | V) sampling, quantisation table
+            vs = [data[j] & 0x0F for j in range(i + 11, min(i + 10 + 3 * nc, n), 3)]
+            return JpegFrame(h, w, nc, marker, i, 8 * max(vs, default=1))
         if marker == 0xDA:  # start of scan before any SOF: malformed
             return None
         i += 2 + seglen
     return None
+
+
+def jpeg_info(data: bytes | memoryview) -> tuple[int, int, int] | None:
+    """(height, width, components) from a JPEG's SOF marker, or None if not found."""
+    frame = jpeg_frame(data)
+    return None if frame is None else frame[:3]
 
 
 def _has_jpeg_end(data: bytes) -> bool:

@@ -29,7 +29,8 @@ Conventions (every class here):
 goes from JPEG bytes to the finished sample: the crop is sampled from the JPEG header
 (same ``rng`` draws as the unfused transforms), the JPEG is decoded straight to RGB
 at 1/2, 1/4 or 1/8 scale when the crop is at least that many times the output size
-(libjpeg DCT scaling; never below the output resolution), only the crop is resized,
+(libjpeg DCT scaling; never below the output resolution) and only down to the crop's
+last row (NOTE [ row-limited decode ]), only the crop is resized,
 into ``out`` itself (uint8) or a per-thread scratch buffer, and flip + ToTensor +
 Normalize become one table lookup per pixel writing ``out``.  :func:`adapt` wraps
 any other transform (including torchvision ones) for the generic path.
@@ -336,7 +337,8 @@ def _is_torchvision(t: Any) -> bool:
 
 
 def compile_fused(transform: Any, *, output: str = "float",
-                  reduced_decode: bool = True) -> FusedPipeline | None:
+                  reduced_decode: bool = True,
+                  partial_decode: bool = True) -> FusedPipeline | None:
     """A :class:`FusedPipeline` for the standard recipes, else None (use the generic path).
 
     Recognised (seqloader classes, or the same torchvision v1 classes, converted; the
@@ -349,7 +351,10 @@ def compile_fused(transform: Any, *, output: str = "float",
     returns: ``(3, H, W) float32`` with ToTensor, else ``(H, W, 3) uint8``.
     ``output="uint8"`` always writes the ``(H, W, 3) uint8`` image before ToTensor /
     Normalize; finish on the device with :meth:`FusedPipeline.device_normalize`.
-    ``reduced_decode=False`` disables reduced-scale JPEG decoding (for comparisons).
+    ``reduced_decode=False`` disables reduced-scale JPEG decoding and
+    ``partial_decode=False`` decoding only the rows above the crop's bottom (NOTE
+    [ row-limited decode ] in ``seqloader/_fused.py``; never changes a pixel); both are
+    for comparisons.
     The pipeline consumes ``rng`` exactly as ``transform(img, rng)`` would, and gives
     the same pixels when no reduced decode applies (RandomResizedCrop) or up to
     sub-pixel crop rounding (Resize + CenterCrop downscales).
@@ -383,7 +388,7 @@ def compile_fused(transform: Any, *, output: str = "float",
         return None
     return FusedPipeline(geometry, out_hw, mode=first.interpolation, antialias=first.antialias,
                          flip_p=flip_p, to_tensor=to_tensor, mean=mean, std=std, output=output,
-                         reduced_decode=reduced_decode)
+                         reduced_decode=reduced_decode, partial_decode=partial_decode)
 
 
 _TV_NAMES = ("Compose", "RandomResizedCrop", "RandomHorizontalFlip", "Resize", "CenterCrop",

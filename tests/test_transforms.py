@@ -347,6 +347,89 @@ def test_reduced_decode_used_only_when_allowed(jpegs):
     assert np.array_equal(_run(red, small, 0), _run(full, small, 0))
 
 
+def _variants() -> dict[str, bytes]:
+    """Sequential JPEGs of every chroma layout, with restart markers, grey, and a
+    progressive one (decoded whole), at sizes that are not whole MCU rows."""
+    img = smooth_rgb(1001, 1337, seed=7)
+    bgr = cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
+    sf = cv2.IMWRITE_JPEG_SAMPLING_FACTOR
+    params = {"420": [], "422": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422],
+              "444": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444],
+              "restart": [cv2.IMWRITE_JPEG_RST_INTERVAL, 5],
+              "progressive": [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]}
+    out = {name: cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90] + extra)[1].tobytes()
+           for name, extra in params.items()}
+    out["gray"] = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2GRAY))[1].tobytes()
+    out["small"] = jpeg(smooth_rgb(90, 70, seed=8))  # upscaled: the warpAffine branch
+    return out
+
+
+def test_jpeg_frame_reports_mcu_rows():
+    from seqloader.images import jpeg_frame
+    v = _variants()
+    frames = {name: jpeg_frame(data) for name, data in v.items()}
+    assert {n: f.mcu_height for n, f in frames.items()} == {
+        "420": 16, "422": 8, "444": 8, "restart": 16, "progressive": 16, "gray": 8, "small": 16}
+    assert frames["progressive"].marker == 0xC2 and frames["420"].marker == 0xC0
+    assert frames["420"][:3] == (1001, 1337, 3) and frames["gray"].components == 1
+    off = frames["420"].offset
+    assert v["420"][off:off + 2] == b"\xff\xc0"
+
+
+@pytest.mark.parametrize("recipe", [
+    train_recipe(), Compose([RandomResizedCrop(64), RandomHorizontalFlip()]),
+    Compose([RandomResizedCrop(112, interpolation="bicubic"), ToTensor()]),
+    val_recipe(), val_recipe(128, 112), val_recipe(300, 288, norm=False),
+    Compose([Resize(200, interpolation="lanczos"), CenterCrop(180)]),
+], ids=["train224", "rrc64", "rrc112-bicubic", "val", "val128", "val-pad", "val-lanczos"])
+def test_partial_decode_never_changes_a_pixel(recipe, capfd):
+    """NOTE [ row-limited decode ]: stopping the decoder below the crop gives exactly
+    the full decode's sample, at every scale, chroma layout and resampling kernel."""
+    from seqloader import _fused
+    from seqloader.images import jpeg_frame
+    part, whole = compile_fused(recipe), compile_fused(recipe, partial_decode=False)
+    stopped = 0
+    for name, data in _variants().items():
+        frame = jpeg_frame(data)
+        for seed in range(12):
+            plan = part.plan(frame.height, frame.width, np.random.default_rng(seed))
+            rows = _fused.decoded_rows(frame, plan.k, plan.window.y1)
+            stopped += rows < frame.height
+            if name == "progressive":
+                assert rows == frame.height
+            assert np.array_equal(_run(part, data, seed), _run(whole, data, seed)), (name, seed)
+    if isinstance(recipe.transforms[0], RandomResizedCrop):
+        assert stopped > 24  # many random crops end well above the bottom
+    assert capfd.readouterr().err == ""  # the skipped tail is not reported as corrupt data
+
+
+def test_partial_decode_speaks_for_itself_without_simplejpeg(monkeypatch):
+    """Without simplejpeg every image is decoded whole by OpenCV: same samples."""
+    from seqloader import _fused
+    data = _variants()["420"]
+    pipe = compile_fused(train_recipe())
+    want = [_run(pipe, data, s) for s in range(6)]
+    monkeypatch.setattr(_fused, "simplejpeg", None)
+    frame = _fused.jpeg_frame(data)
+    assert _fused.decoded_rows(frame, 1, 10.0) == frame.height
+    assert all(np.array_equal(_run(pipe, data, s), w) for s, w in enumerate(want))
+
+
+def test_partial_decode_survives_damaged_and_odd_jpegs():
+    from seqloader import _fused
+    data = _variants()["420"]
+    pipe = compile_fused(Compose([RandomResizedCrop(64)]))
+    with pytest.raises(ValueError, match="cannot decode JPEG"):
+        _run(pipe, data[:400], 0)  # headers only: nothing to decode
+    damaged = bytearray(data)
+    damaged[len(data) // 2:len(data) // 2 + 64] = bytes(64)  # corrupt entropy data
+    out = _run(pipe, bytes(damaged), 0)  # decodes with warnings, like OpenCV
+    assert out.shape == (64, 64, 3)
+    frame = _fused.jpeg_frame(data)
+    img, rows = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2, 64, _fused.threading.local())
+    assert rows == 64 and img.shape == (32, -(-frame.width // 2), 3)
+
+
 def test_uint8_output_equals_float_before_normalisation(jpegs):
     f32 = compile_fused(train_recipe())
     u8 = compile_fused(train_recipe(), output="uint8")
