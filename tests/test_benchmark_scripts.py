@@ -117,10 +117,11 @@ def test_transforms_bench_script(tmp_path):
     for name, r in doc["sets"].items():
         assert r["max_dct_scaling_speedup"] > 0
         if name.startswith("large"):  # 2000x1500 at 224 px: reduced decoding always applies
-            assert r["eval"]["k_counts"]["4"] == 3 and r["eval"]["fused_speedup"] > 0
-            assert r["where_reduced"]["samples"] >= 1
+            assert r["eval"]["k_counts"]["4"] == 3 and r["eval"]["speedup"] > 0
+            assert r["where_reduced"]["samples"] >= 1 and r["where_reduced"]["speedup"] > 0
         else:  # ~500x375 at 224 px: it never does
-            assert r["reduced_share"] == 0 and "fused_speedup" not in r["eval"]
+            assert r["reduced_share"] == 0 and "speedup" not in r["eval"]
+        assert 0 < r["rows_decoded_share"] <= 1 and r["speedup_all"]["speedup_partial_only"] > 0
     bad = subprocess.run([sys.executable, str(BENCH / "transforms_bench.py"), "--quality", "x"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--quality" in bad.stderr
