@@ -31,8 +31,7 @@ them is entropy-decoded -- the part of the work DCT scaling cannot shrink (a 1/8
 decode still costs ~55-70 % of a full one).  libjpeg has no "stop here" switch that
 OpenCV exposes, but the frame height is just two bytes of the SOF header: we decode a
 copy whose header says ``rows`` (rows = the crop's last row + the resampling kernel's
-reach + one MCU row, because chroma upsampling looks one row below; rounded up to
-whole MCU rows).  The decoder then reads that many MCU rows and skips the rest of
+reach + the next chroma row that upsampling looks at, rounded up to whole MCU rows).  The decoder then reads that many MCU rows and skips the rest of
 the scan as "extraneous bytes" -- a warning, which ``simplejpeg`` (libjpeg-turbo's
 TurboJPEG API) keeps to itself with ``strict=False`` while OpenCV would print it
 to stderr for every image, so these decodes go through simplejpeg.  Every pixel
@@ -137,8 +136,10 @@ def decoded_rows(frame: JpegFrame, k: int, y1: float) -> int:
     if frame.marker not in _SEQUENTIAL or frame.components not in (1, 3) or simplejpeg is None:
         return frame.height
     mcu = frame.mcu_height
-    need = math.ceil(y1) + 6 * k
-    return min(frame.height, (-(-need // mcu) + 1) * mcu)
+    # 6 decoded px: rounding + the widest kernel (filters read past a view's edge);
+    # 4 more: chroma upsampling's look at the next chroma row, at any subsampling
+    need = math.ceil(y1) + 10 * k
+    return min(frame.height, -(-need // mcu) * mcu)
 
 
 def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, rows: int,
