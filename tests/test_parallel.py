@@ -136,6 +136,10 @@ def test_non_persistent_workers_stop_after_each_epoch(lmdb_dir):
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
+    # NOTE: a Python started with SIGINT ignored keeps it ignored (no KeyboardInterrupt),
+    # and a non-interactive shell starts every `cmd &` so -- e.g. pytest run in the
+    # background next to a CPU hog, and this child with it.  Ask for Ctrl-C semantics.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import seqloader.transforms as T
     from seqloader import Loader
     tf = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
@@ -149,6 +153,8 @@ SCRIPT = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGINT)
             for _ in it:
                 time.sleep(0.01)
+            print("not interrupted", flush=True)
+            sys.exit(4)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(3)
@@ -157,18 +163,28 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("how", ["kill", "int"])
-def test_parent_killed_or_interrupted_leaves_no_orphans(lmdb_dir, how):
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(lmdb_dir), how],
-                            stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    names = set(proc.stdout.readline().split())
-    assert len(pids) == 2 and len(names) == 4
-    if how == "kill":
-        proc.kill()
-    else:
-        assert proc.stdout.readline().strip() == "interrupted"
-    proc.wait(30)
+def test_parent_killed_or_interrupted_leaves_no_orphans(lmdb_dir, tmp_path, how):
+    err = tmp_path / "stderr"
+    with open(err, "w") as f:  # a file, not a pipe: nothing blocks on a full pipe
+        proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(lmdb_dir), how],
+                                stdout=subprocess.PIPE, stderr=f, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        names = set(proc.stdout.readline().split())
+        assert len(pids) == 2 and len(names) == 4, f"child stderr:\n{err.read_text()}"
+        if how == "kill":
+            proc.kill()
+        else:
+            line = proc.stdout.readline().strip()
+            assert line == "interrupted", f"child printed {line!r}; its stderr:\n{err.read_text()}"
+        proc.wait(30)
+        assert proc.returncode == (-signal.SIGKILL if how == "kill" else 3), \
+            f"child exited with {proc.returncode}; its stderr:\n{err.read_text()}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert not _wait_dead(pids, 10), "orphaned workers"
     assert not names & _shm(), "leaked shared memory"
 
