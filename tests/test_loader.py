@@ -130,6 +130,12 @@ print(len(loader), flush=True)
 print(" ".join(i.hex() for i in ids), flush=True)
 loader.close()
 dist.destroy_process_group()
+# NOTE: exit without finalizing the interpreter.  DDP keeps the gloo process group alive
+# past destroy_process_group(), and a gloo worker thread may still be dropping its last
+# allreduce, which holds a Python object, when the interpreter finalizes: the thread dies
+# taking the GIL and the rank aborts after all its output ("terminate called without an
+# active exception", SIGABRT; a torch race, cf. pytorch/pytorch#38228, not the loader's).
+os._exit(0)
 """
 
 
@@ -137,11 +143,23 @@ dist.destroy_process_group()
 def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     init = tmp_path / "init"
-    procs = [subprocess.Popen([sys.executable, "-c", DDP, str(r), str(lmdb_dir), str(int(shuffle)),
-                               str(init)], stdout=subprocess.PIPE, text=True, env=env)
-             for r in range(2)]
-    outs = [p.communicate(timeout=120)[0].splitlines() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    errs = [tmp_path / f"rank{r}.stderr" for r in range(2)]
+    procs = []
+    try:
+        for r in range(2):
+            with open(errs[r], "w") as f:  # files, not pipes: a rank never blocks on stderr
+                procs.append(subprocess.Popen([sys.executable, "-c", DDP, str(r), str(lmdb_dir),
+                                               str(int(shuffle)), str(init)],
+                                              stdout=subprocess.PIPE, stderr=f, text=True, env=env))
+        outs = [p.communicate(timeout=120)[0].splitlines() for p in procs]
+    finally:
+        for p in procs:  # a timeout leaves no rank behind
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(
+        f"rank {r} exited with {p.returncode}; stderr:\n{e.read_text()[-3000:]}"
+        for r, (p, e) in enumerate(zip(procs, errs)))
     lens = [int(o[0]) for o in outs]
     ids = [o[1].split() if len(o) > 1 else [] for o in outs]
     assert not set(ids[0]) & set(ids[1])
