@@ -78,8 +78,8 @@ def make_set(sizes: list[tuple[int, int]], n: int, seed: int, quality: int) -> l
 def timed(methods: dict, samples: list[tuple[bytes, int]], repeat: int,
           make_arg=np.random.default_rng) -> dict[str, np.ndarray]:
     """Per-sample seconds of each ``fn(data, make_arg(seed))``: methods interleaved per
-    sample (in a random order each time), best of ``repeat`` runs, so that noise from other processes
-    and clock changes hit all methods alike.  Arguments are made before timing."""
+    sample (in a random order each time), best of ``repeat`` runs, so that noise from
+    other processes and clock changes hit all methods alike.  Arguments are made before timing."""
     for fn in methods.values():  # warm-up (scratch buffers, code paths)
         fn(samples[0][0], make_arg(samples[0][1]))
     names = list(methods)

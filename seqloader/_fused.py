@@ -28,18 +28,19 @@ NOTE [ row-limited decode ]
 A sequential (baseline or extended, Huffman-coded) JPEG is one scan of MCU rows, top
 to bottom, and a decoder that has produced the rows it needs can stop: nothing below
 them is entropy-decoded -- the part of the work DCT scaling cannot shrink (a 1/8-scale
-decode still costs ~55-70 % of a full one).  libjpeg has no "stop here" switch that
+decode still costs ~50-70 % of a full one).  libjpeg has no "stop here" switch that
 OpenCV exposes, but the frame height is just two bytes of the SOF header: we decode a
 copy whose header says ``rows`` (rows = the crop's last row + the resampling kernel's
-reach + the next chroma row that upsampling looks at, rounded up to whole MCU rows).  The decoder then reads that many MCU rows and skips the rest of
-the scan as "extraneous bytes" -- a warning, which ``simplejpeg`` (libjpeg-turbo's
-TurboJPEG API) keeps to itself with ``strict=False`` while OpenCV would print it
-to stderr for every image, so these decodes go through simplejpeg.  Every pixel
-above the margin is bit-identical to a full decode (IDCT and upsampling of a row
-depend on nothing below its MCU row's neighbour; tested on 4:2:0/4:2:2/4:4:4, grey,
-restart intervals and every reduced scale).  Progressive and arithmetic-coded JPEGs
-(several scans, or other markers) are decoded whole.  simplejpeg also decodes into
-a reused per-thread buffer instead of a fresh allocation per image.
+reach + the next chroma row that upsampling looks at, rounded up to whole MCU rows).
+The decoder then reads that many MCU rows and skips the rest of the scan as
+"extraneous bytes" -- a warning, which ``simplejpeg`` (libjpeg-turbo's TurboJPEG API)
+keeps to itself with ``strict=False`` while OpenCV would print it to stderr for every
+image, so these decodes go through simplejpeg.  Every pixel above the margin is
+bit-identical to a full decode (IDCT and upsampling of a row depend on nothing below
+its MCU row's neighbour; tested on 4:2:0/4:2:2/4:4:4, grey, restart intervals and
+every reduced scale).  Progressive and arithmetic-coded JPEGs (several scans, or other
+markers) are decoded whole.  simplejpeg also decodes into a reused per-thread buffer
+instead of a fresh allocation per image.
 """
 from __future__ import annotations
 
@@ -118,7 +119,6 @@ def decode(buf: np.ndarray, k: int = 1) -> np.ndarray | None:
     return None if img is None else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
-
 # ----------------------------------------------------------------------------- decoding
 
 #: SOF markers of single-scan, Huffman-coded JPEGs (baseline, extended sequential):
@@ -128,12 +128,17 @@ _SEQUENTIAL = (0xC0, 0xC1)
 _SCRATCH_MAX = 64 << 20
 
 
+def _via_simplejpeg(frame: JpegFrame) -> bool:
+    """Whether simplejpeg decodes this JPEG (to RGB: grey or YCbCr; CMYK goes to OpenCV)."""
+    return simplejpeg is not None and frame.components in (1, 3)
+
+
 def decoded_rows(frame: JpegFrame, k: int, y1: float) -> int:
     """How many source rows of ``frame`` to decode (at scale 1/``k``) so that every
     decoded row a crop ending at source row ``y1`` reads -- with rounding and the
     widest resampling kernel (Lanczos, 4 px) -- equals a full decode's.  The full
     height for JPEGs that cannot be stopped early.  NOTE [ row-limited decode ]"""
-    if frame.marker not in _SEQUENTIAL or frame.components not in (1, 3) or simplejpeg is None:
+    if frame.marker not in _SEQUENTIAL or not _via_simplejpeg(frame):
         return frame.height
     mcu = frame.mcu_height
     # 6 decoded px: rounding + the widest kernel (filters read past a view's edge);
@@ -149,31 +154,31 @@ def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, rows: int,
     Returns ``(image, rows_decoded)``: the image may live in a per-thread scratch
     buffer of ``local`` (valid until this thread's next call) and holds
     ``ceil(rows_decoded / k)`` rows; ``rows_decoded`` is ``frame.height`` when the
-    decode fell back to a whole one.  ``(None, ...)`` if the bytes cannot be decoded.
+    decode fell back to a whole one (OpenCV).  ``(None, ...)`` if the bytes cannot be
+    decoded.
     """
-    if simplejpeg is None or frame.components not in (1, 3):
-        return decode(buf, k), frame.height
-    partial = rows < frame.height
-    data: Any = buf
-    if partial:  # same bytes, smaller frame height: the decoder stops after `rows`
-        o = frame.offset + 5
-        data = b"".join((buf[:o], rows.to_bytes(2, "big"), buf[o + 2:]))
-    h, w = -(-rows // k), -(-frame.width // k)
-    nbytes = h * w * 3
-    scratch = getattr(local, "decoded", None)
-    if nbytes > _SCRATCH_MAX:
-        scratch = None
-    elif scratch is None or scratch.size < nbytes:  # grow-only, in 4 MiB steps
-        scratch = local.decoded = np.empty(-(-nbytes // (4 << 20)) * (4 << 20), np.uint8)
-    try:
-        # strict=False for a partial decode: the skipped tail is a (silent) warning
-        img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=h, min_width=w,
-                                     strict=not partial, buffer=scratch)
-    except ValueError:  # corrupt but maybe decodable with warnings: as OpenCV does it
-        return decode(buf, k), frame.height
-    if img.shape != (h, w, 3):  # a scale this libjpeg does not offer: decode whole
-        return decode(buf, k), frame.height
-    return img, rows
+    if _via_simplejpeg(frame):
+        partial = rows < frame.height
+        data: Any = buf
+        if partial:  # same bytes, smaller frame height: the decoder stops after `rows`
+            o = frame.offset + 5
+            data = b"".join((buf[:o], rows.to_bytes(2, "big"), buf[o + 2:]))
+        h, w = -(-rows // k), -(-frame.width // k)
+        nbytes = h * w * 3
+        scratch = getattr(local, "decoded", None)
+        if nbytes > _SCRATCH_MAX:
+            scratch = None
+        elif scratch is None or scratch.size < nbytes:  # grow-only, in 4 MiB steps
+            scratch = local.decoded = np.empty(-(-nbytes // (4 << 20)) * (4 << 20), np.uint8)
+        try:
+            # strict=False for a partial decode: the skipped tail is a (silent) warning
+            img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=h, min_width=w,
+                                         strict=not partial, buffer=scratch)
+        except ValueError:  # corrupt but maybe decodable with warnings: OpenCV below
+            img = None
+        if img is not None and img.shape == (h, w, 3):  # else a scale it lacks: OpenCV
+            return img, rows
+    return decode(buf, k), frame.height
 
 
 def as_buffer(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:

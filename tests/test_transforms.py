@@ -403,7 +403,7 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     assert capfd.readouterr().err == ""  # the skipped tail is not reported as corrupt data
 
 
-def test_partial_decode_speaks_for_itself_without_simplejpeg(monkeypatch):
+def test_partial_decode_same_samples_without_simplejpeg(monkeypatch):
     """Without simplejpeg every image is decoded whole by OpenCV: same samples."""
     from seqloader import _fused
     data = _variants()["420"]
@@ -426,7 +426,8 @@ def test_partial_decode_survives_damaged_and_odd_jpegs():
     out = _run(pipe, bytes(damaged), 0)  # decodes with warnings, like OpenCV
     assert out.shape == (64, 64, 3)
     frame = _fused.jpeg_frame(data)
-    img, rows = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2, 64, _fused.threading.local())
+    img, rows = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2, 64,
+                                   _fused.threading.local())
     assert rows == 64 and img.shape == (32, -(-frame.width // 2), 3)
 
 
