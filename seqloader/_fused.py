@@ -53,7 +53,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .images import JpegFrame, jpeg_frame
+from .images import JpegFrame, JpegScan, jpeg_frame, jpeg_scan
 
 try:
     import simplejpeg
@@ -147,23 +147,82 @@ def decoded_rows(frame: JpegFrame, k: int, y1: float) -> int:
     return min(frame.height, -(-need // mcu) * mcu)
 
 
-def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, rows: int,
-                local: threading.local) -> tuple[np.ndarray | None, int]:
-    """Decode the first ``rows`` source rows of a JPEG at scale 1/``k`` to RGB.
+def restart_top(buf: np.ndarray, frame: JpegFrame, k: int, y0: float
+                ) -> tuple[int, JpegScan | None]:
+    """The first source row to decode (a restart-segment boundary) for a crop starting at
+    source row ``y0`` at scale 1/``k``, and the scan -- or ``(0, None)`` when the JPEG has no
+    restart markers at MCU-row boundaries or the crop starts too close to the top for
+    skipping to pay.  NOTE [ restart windows ]"""
+    if frame.marker not in _SEQUENTIAL or not _via_simplejpeg(frame):
+        return 0, None
+    mcu = frame.mcu_height
+    # same 6 decoded px of kernel reach as at the bottom, plus one whole MCU row for
+    # the chroma row that upsampling looks at above (the spliced image's first MCU row
+    # sees its own edge instead)
+    need = math.floor(y0) - 6 * k - mcu
+    if need < mcu:
+        return 0, None
+    scan = jpeg_scan(buf, frame)
+    if scan is None or scan.restart == 0:
+        return 0, None
+    per_row = -(-frame.width // frame.mcu_width)
+    if scan.restart % per_row:
+        return 0, None
+    seg = scan.restart // per_row * mcu  # source rows per restart segment
+    return need // seg * seg, scan
 
-    Returns ``(image, rows_decoded)``: the image may live in a per-thread scratch
+
+def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, top: int, rows: int
+            ) -> np.ndarray | None:
+    """A JPEG of source rows ``[top, rows)``: the headers (frame height patched), the
+    restart segments that code those rows with their markers renumbered from RST0, and
+    an EOI.  None if the markers are not where the header says they are."""
+    seg = scan.restart // -(-frame.width // frame.mcu_width) * frame.mcu_height
+    first, last = top // seg, -(-rows // seg)  # segments [first, last)
+    data = buf[scan.offset:]
+    ff = np.flatnonzero(data[:-1] == 0xFF)
+    nxt = data[ff + 1]
+    marks = ff[(nxt >= 0xD0) & (nxt <= 0xD7)]  # marks[s] ends segment s
+    if len(marks) < first or len(marks) < last - 1:
+        return None
+    lo = int(marks[first - 1]) + 2
+    hi = int(marks[last - 1]) if last - 1 < len(marks) else len(data)
+    out = np.empty(scan.offset + (hi - lo) + 2, np.uint8)
+    out[:scan.offset] = buf[:scan.offset]
+    o = frame.offset + 5
+    out[o:o + 2] = divmod(rows - top, 256)
+    body = out[scan.offset:-2]
+    body[:] = data[lo:hi]
+    inner = marks[first:last - 1] - lo + 1  # marker-number bytes inside the copied range
+    body[inner] = 0xD0 + ((body[inner] - 0xD0 - (first & 7)) & 7)  # uint8 wraps
+    out[-2:] = (0xFF, 0xD9)
+    return out
+
+
+def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, rows: int,
+                local: threading.local, top: int = 0, scan: JpegScan | None = None
+                ) -> tuple[np.ndarray | None, int, int]:
+    """Decode source rows ``[top, rows)`` of a JPEG at scale 1/``k`` to RGB (``top`` > 0
+    needs the ``scan`` from :func:`restart_top`).
+
+    Returns ``(image, top, rows)`` as decoded: the image may live in a per-thread scratch
     buffer of ``local`` (valid until this thread's next call) and holds
-    ``ceil(rows_decoded / k)`` rows; ``rows_decoded`` is ``frame.height`` when the
-    decode fell back to a whole one (OpenCV).  ``(None, ...)`` if the bytes cannot be
-    decoded.
+    ``ceil((rows - top) / k)`` rows; ``(0, frame.height)`` when the decode fell back to a
+    whole one (OpenCV).  ``(None, ...)`` if the bytes cannot be decoded.
     """
     if _via_simplejpeg(frame):
-        partial = rows < frame.height
-        data: Any = buf
-        if partial:  # same bytes, smaller frame height: the decoder stops after `rows`
+        data: Any = None
+        if top > 0 and scan is not None:
+            data = _splice(buf, frame, scan, top, rows)
+        if data is None:
+            top = 0
+        partial = top > 0 or rows < frame.height
+        if partial and data is None:  # same bytes, smaller frame height: the decoder stops
             o = frame.offset + 5
             data = b"".join((buf[:o], rows.to_bytes(2, "big"), buf[o + 2:]))
-        h, w = -(-rows // k), -(-frame.width // k)
+        elif data is None:
+            data = buf
+        h, w = -(-(rows - top) // k), -(-frame.width // k)
         nbytes = h * w * 3
         scratch = getattr(local, "decoded", None)
         if nbytes > _SCRATCH_MAX:
@@ -177,8 +236,8 @@ def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, rows: int,
         except ValueError:  # corrupt but maybe decodable with warnings: OpenCV below
             img = None
         if img is not None and img.shape == (h, w, 3):  # else a scale it lacks: OpenCV
-            return img, rows
-    return decode(buf, k), frame.height
+            return img, top, rows
+    return decode(buf, k), 0, frame.height
 
 
 def as_buffer(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
@@ -463,28 +522,32 @@ class FusedPipeline:
             if img is None:
                 raise ValueError(f"cannot decode image ({buf.size} bytes)")
             p = self.plan(img.shape[0], img.shape[1], rng, jpeg=False)
-            rows = img.shape[0]
+            rows, top = img.shape[0], 0
         else:
             p = self.plan(frame.height, frame.width, rng)
-            rows = decoded_rows(frame, p.k, p.window.y1) if self.partial_decode else frame.height
-            img, rows = decode_jpeg(buf, frame, p.k, rows, self._local)
+            rows, top, scan = frame.height, 0, None
+            if self.partial_decode:
+                rows = decoded_rows(frame, p.k, p.window.y1)
+                top, scan = restart_top(buf, frame, p.k, p.window.y0)
+            img, top, rows = decode_jpeg(buf, frame, p.k, rows, self._local, top, scan)
             if img is None:
                 raise ValueError(f"cannot decode JPEG ({buf.size} bytes, "
                                  f"header {frame.height}x{frame.width}x{frame.components})")
-        self._render(img, p, rows, out)
+        self._render(img, p, top, rows, out)
 
-    def _render(self, img: np.ndarray, p: FusedPlan, rows: int, out: np.ndarray) -> None:
-        """Crop, resize, flip and convert ``img``: the first ``rows`` source rows of the
-        image decoded at scale 1/``p.k`` (NOTE [ row-limited decode ])."""
+    def _render(self, img: np.ndarray, p: FusedPlan, top: int, rows: int,
+                out: np.ndarray) -> None:
+        """Crop, resize, flip and convert ``img``: source rows ``[top, rows)`` of the
+        image decoded at scale 1/``p.k`` (NOTEs [ row-limited decode ], [ restart windows ])."""
         win, oh, ow = p.window, self.out_hw[0], self.out_hw[1]
         dh, dw = img.shape[:2]
         # decoded-pixel coordinates: exact 1/k for a reduced decode; proportional if the
         # decoder disagrees with the header (never seen, but cheap to survive)
-        if (dh, dw) == (-(-rows // p.k), -(-p.width // p.k)):
+        if (dh, dw) == (-(-(rows - top) // p.k), -(-p.width // p.k)):
             fy = fx = 1.0 / p.k
         else:
-            fy, fx = dh / rows, dw / p.width
-        box = (win.y0 * fy, win.x0 * fx, win.y1 * fy, win.x1 * fx)
+            fy, fx = dh / (rows - top), dw / p.width
+        box = ((win.y0 - top) * fy, win.x0 * fx, (win.y1 - top) * fy, win.x1 * fx)
         local = self._local
         padded = (win.oy0, win.ox0, win.oy1, win.ox1) != (0, 0, oh, ow)
         direct = not (self.to_float or p.flip or padded)

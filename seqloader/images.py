@@ -11,9 +11,20 @@ nvJPEG, ``torchvision.io.decode_jpeg``) and our reduced-scale decode fast path:
 * with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``.
 Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
 (OpenCV's ``IMREAD_COLOR`` replicates the channel).
+
+With ``restart`` (``--restart-markers``) every stored JPEG gets a restart marker at
+the start of each MCU row, so that a reader can begin decoding at the row a crop
+needs (NOTE [ restart windows ] in ``seqloader/_fused.py``): JPEGs stored as they
+are go through libjpeg-turbo's ``jpegtran -restart 1`` -- a *lossless*
+transcode (the DCT coefficients are copied, every pixel decodes the same) -- and
+re-encoded ones are written with the markers.  A JPEG that already has markers at
+row starts is kept as it is; one that ``jpegtran`` reports problems with is kept
+unchanged too (it still decodes, from the top).
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,6 +32,7 @@ import cv2
 import numpy as np
 
 __all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "jpeg_frame", "JpegFrame",
+           "jpeg_scan", "JpegScan",
            "decode_bgr"]
 
 _MAGIC = [
@@ -50,6 +62,14 @@ class JpegFrame(NamedTuple):
     marker: int  # 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive, ...
     offset: int  # index of the SOF marker's 0xFF byte in the data
     mcu_height: int  # rows of one MCU row (8 x the largest vertical sampling factor)
+    mcu_width: int = 8  # columns of one MCU (8 x the largest horizontal sampling factor)
+
+
+class JpegScan(NamedTuple):
+    """Where a single-scan JPEG's entropy-coded data starts, and its restart interval."""
+
+    offset: int  # index of the first byte after the SOS segment
+    restart: int  # MCUs per restart interval (DRI); 0 = no restart markers
 
 
 def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
@@ -75,10 +95,35 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
             w = int.from_bytes(data[i + 7:i + 9], "big")
             nc = data[i + 9]
             # component specs: id, (H << 4 | V) sampling, quantisation table
-            vs = [data[j] & 0x0F for j in range(i + 11, min(i + 10 + 3 * nc, n), 3)]
-            return JpegFrame(h, w, nc, marker, i, 8 * max(vs, default=1))
+            hv = [data[j] for j in range(i + 11, min(i + 10 + 3 * nc, n), 3)]
+            return JpegFrame(h, w, nc, marker, i, 8 * max((v & 0x0F for v in hv), default=1),
+                             8 * max((v >> 4 for v in hv), default=1))
         if marker == 0xDA:  # start of scan before any SOF: malformed
             return None
+        i += 2 + seglen
+    return None
+
+
+def jpeg_scan(data: bytes | memoryview | np.ndarray, frame: JpegFrame) -> JpegScan | None:
+    """The scan of a JPEG whose frame is ``frame``: where its entropy-coded data starts and
+    its restart interval -- or None unless the first scan codes every component of the
+    frame (an interleaved scan: the whole image, as in every baseline JPEG cameras and
+    encoders write).  Walks the marker segments from the SOF to the SOS."""
+    i, n, restart = frame.offset, len(data), 0
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        seglen = int(data[i + 2]) << 8 | int(data[i + 3])
+        if marker == 0xDD and seglen == 4 and i + 6 <= n:  # DRI
+            restart = int(data[i + 4]) << 8 | int(data[i + 5])
+        elif marker == 0xDA:  # SOS: number of components in the scan
+            if i + 5 > n or data[i + 4] != frame.components:
+                return None
+            return JpegScan(i + 2 + seglen, restart)
         i += 2 + seglen
     return None
 
@@ -116,8 +161,45 @@ class Prepared:
     error: str | None = None
 
 
-def _encode_jpeg(bgr: np.ndarray, quality: int) -> bytes:
-    ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+JPEGTRAN_HELP = ("--restart-markers needs libjpeg-turbo's jpegtran on PATH (Debian/Ubuntu: "
+                 "apt install libjpeg-turbo-progs; conda: conda install libjpeg-turbo); "
+                 "or drop --restart-markers")
+
+
+def row_restarts(data: bytes | memoryview | np.ndarray) -> bool:
+    """Whether a JPEG has restart markers at the start of every MCU row (or every few)."""
+    frame = jpeg_frame(data)
+    scan = None if frame is None else jpeg_scan(data, frame)
+    if scan is None or scan.restart == 0:
+        return False
+    return scan.restart % -(-frame.width // frame.mcu_width) == 0
+
+
+def add_restart_markers(data: bytes) -> bytes:
+    """``data`` losslessly transcoded with a restart marker at every MCU row (``jpegtran
+    -restart 1 -copy all``: coefficients and metadata are copied, pixels do not change).
+    ``data`` itself if it already has them, or if jpegtran fails or warns (damaged
+    data is kept as it was).  Raises RuntimeError if jpegtran is not installed."""
+    if row_restarts(data):
+        return data
+    exe = shutil.which("jpegtran")
+    if exe is None:
+        raise RuntimeError(JPEGTRAN_HELP)
+    try:
+        r = subprocess.run([exe, "-restart", "1", "-copy", "all"], input=data,
+                           capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a pathological file
+        return data
+    if r.returncode != 0 or r.stderr or not row_restarts(r.stdout):
+        return data
+    return r.stdout
+
+
+def _encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
+    params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
+    if restart:  # OpenCV writes 4:2:0: MCUs of 16 x 16 px, one interval per MCU row
+        params += [cv2.IMWRITE_JPEG_RST_INTERVAL, -(-bgr.shape[1] // 16)]
+    ok, buf = cv2.imencode(".jpg", bgr, params)
     if not ok:  # pragma: no cover - OpenCV always encodes a valid uint8 image
         raise RuntimeError("OpenCV failed to encode a JPEG")
     return buf.tobytes()
@@ -144,14 +226,17 @@ _CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
 
 
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
-                  quality: int = 95) -> Prepared:
+                  quality: int = 95, restart: bool = False) -> Prepared:
     """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).
 
     With ``verify`` the image is decoded (NOTE [ decode check ]) and JPEGs must end with
     an EOI marker;
     a failure gives ``Prepared(None, error=reason)``.  Without it, only the header is
-    inspected (a broken file may then be stored).  Pure and thread-safe; OpenCV
-    releases the GIL while decoding, so threads parallelise this.
+    inspected (a broken file may then be stored).  With ``restart`` the stored JPEG has
+    restart markers at MCU-row starts (NOTE [ what gets stored ]; JPEGs stored as they
+    are need ``jpegtran``, RuntimeError without it; ``reencoded="restart"`` marks the
+    lossless transcode).  Pure and thread-safe; OpenCV releases the GIL while
+    decoding, so threads parallelise this.
     """
     if not data:
         return Prepared(None, error="empty file")
@@ -173,16 +258,23 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
-        return Prepared(data)
+        return _as_is(data, restart)
     # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
     as_is = reason is None and (max_size is None or small_enough)
     bgr = decode_bgr(data, _CHECK_FLAGS if as_is else cv2.IMREAD_COLOR)
     if bgr is None or bgr.size == 0:
         return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
     if as_is:
-        return Prepared(data)
+        return _as_is(data, restart)
     if max_size is not None and min(bgr.shape[:2]) > max_size:
-        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality), "resized")
+        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized")
     if reason is not None:
-        return Prepared(_encode_jpeg(bgr, quality), reason)
-    return Prepared(data)
+        return Prepared(_encode_jpeg(bgr, quality, restart), reason)
+    return _as_is(data, restart)
+
+
+def _as_is(data: bytes, restart: bool) -> Prepared:
+    if not restart:
+        return Prepared(data)
+    out = add_restart_markers(data)
+    return Prepared(out, None if out is data else "restart")

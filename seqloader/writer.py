@@ -21,6 +21,7 @@ import datetime
 import fcntl
 import hashlib
 import os
+import shutil
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,7 +38,7 @@ from .format import (EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY, For
                      Record, chain_checksum, encode_key, pack_meta, pack_record, record_digest,
                      shard_path)
 from .pages import address, map_base, unmap
-from .images import prepare_image
+from .images import JPEGTRAN_HELP, prepare_image
 from .pool import ordered_map, ordered_process_map
 from .scan import Scan
 
@@ -61,6 +62,7 @@ class WriteOptions:
     strict: bool = False
     max_size: int | None = None
     quality: int = 95
+    restart_markers: bool = False
     store_paths: bool = True
     shards: int = 1
     shard_ids: list[int] | None = None
@@ -84,6 +86,8 @@ class WriteOptions:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.restart_markers and shutil.which("jpegtran") is None:
+            raise ValueError(JPEGTRAN_HELP)
 
 
 @dataclass
@@ -132,7 +136,8 @@ def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str]:
 def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((FORMAT_VERSION, split, scan.classes, opt.verify, opt.max_size,
-                   opt.quality if opt.max_size else None, opt.store_paths, opt.shards)).encode())
+                   opt.quality if opt.max_size else None, opt.store_paths, opt.shards)
+                  + ((True,) if opt.restart_markers else ())).encode())
     for i in order.tolist():
         h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode())
     return h.hexdigest()
@@ -189,7 +194,8 @@ class _ShardWriter:
                         seed=o.seed if o.shuffle else None,
                         created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                         writer={"seqloader": __version__, "verify": o.verify,
-                                "max_size": o.max_size, "quality": o.quality})
+                                "max_size": o.max_size, "quality": o.quality,
+                                "restart_markers": o.restart_markers})
         return meta
 
     def _prepare(self, pos: int) -> tuple[int, bytes | None, bytes | str]:
@@ -201,7 +207,7 @@ class _ShardWriter:
         except OSError as e:
             return pos, None, f"cannot read: {e.strerror or e}"
         p = prepare_image(data, verify=self.opt.verify, max_size=self.opt.max_size,
-                          quality=self.opt.quality)
+                          quality=self.opt.quality, restart=self.opt.restart_markers)
         if p.data is None:
             return pos, None, p.error or "unknown error"
         value = pack_record(Record(p.data, int(self.scan.labels[i]),

@@ -111,3 +111,23 @@ def test_reduced_decode_check_rejects_what_a_full_decode_rejects():
         rejected += got.data is None
     assert rejected >= 2  # the bogus table, at least
     assert all(prepare_image(d).data == d for d in good)
+
+
+@pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
+                    reason="jpegtran (libjpeg-turbo-progs) is not installed")
+def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
+    from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan, row_restarts
+    img = _photo(200, 300)
+    data = _jpeg(img)
+    assert not row_restarts(data)
+    out = add_restart_markers(data)
+    frame = jpeg_frame(out)
+    assert jpeg_scan(out, frame).restart == -(-300 // frame.mcu_width)  # one MCU row
+    assert np.array_equal(decode_bgr(out), decode_bgr(data))
+    assert add_restart_markers(out) is out  # already there: kept
+    truncated = data[:len(data) // 2]
+    assert add_restart_markers(truncated) is truncated  # jpegtran warns: kept as it was
+    p = prepare_image(data, restart=True)
+    assert p.data == out and p.reencoded == "restart"
+    png = cv2.imencode(".png", img)[1].tobytes()
+    assert row_restarts(prepare_image(png, restart=True).data)  # re-encoded with markers

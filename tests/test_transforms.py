@@ -356,10 +356,22 @@ def _variants() -> dict[str, bytes]:
     params = {"420": [], "422": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422],
               "444": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444],
               "restart": [cv2.IMWRITE_JPEG_RST_INTERVAL, 5],
+              # restart markers at MCU-row starts (NOTE [ restart windows ]): 1337 px are
+              # 84 MCUs of 16 px (4:2:0) or 168 of 8 px (4:4:4)
+              "restart-row": [cv2.IMWRITE_JPEG_RST_INTERVAL, 84],
+              "restart-2rows-444": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
+                                    cv2.IMWRITE_JPEG_RST_INTERVAL, 2 * 168],
               "progressive": [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]}
-    out = {name: cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90] + extra)[1].tobytes()
+    # fine grain where restart windows start, so that a decoder or resampling margin
+    # one row too small shows in the sample
+    grain = np.random.default_rng(9).normal(0, 24, bgr.shape)
+    noisy = np.clip(bgr + grain, 0, 255).astype(np.uint8)
+    out = {name: cv2.imencode(".jpg", noisy if name.startswith("restart-") else bgr,
+                              [cv2.IMWRITE_JPEG_QUALITY, 90] + extra)[1].tobytes()
            for name, extra in params.items()}
+    gray = cv2.cvtColor(noisy, cv2.COLOR_BGR2GRAY)
     out["gray"] = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2GRAY))[1].tobytes()
+    out["gray-restart-row"] = cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_RST_INTERVAL, 168])[1].tobytes()
     out["small"] = jpeg(smooth_rgb(90, 70, seed=8))  # upscaled: the warpAffine branch
     return out
 
@@ -369,7 +381,9 @@ def test_jpeg_frame_reports_mcu_rows():
     v = _variants()
     frames = {name: jpeg_frame(data) for name, data in v.items()}
     assert {n: f.mcu_height for n, f in frames.items()} == {
-        "420": 16, "422": 8, "444": 8, "restart": 16, "progressive": 16, "gray": 8, "small": 16}
+        "420": 16, "422": 8, "444": 8, "restart": 16, "restart-row": 16, "restart-2rows-444": 8,
+        "progressive": 16, "gray": 8, "gray-restart-row": 8, "small": 16}
+    assert frames["422"].mcu_width == 16 and frames["444"].mcu_width == 8
     assert frames["progressive"].marker == 0xC2 and frames["420"].marker == 0xC0
     assert frames["420"][:3] == (1001, 1337, 3) and frames["gray"].components == 1
     off = frames["420"].offset
@@ -383,24 +397,58 @@ def test_jpeg_frame_reports_mcu_rows():
     Compose([Resize(200, interpolation="lanczos"), CenterCrop(180)]),
 ], ids=["train224", "rrc64", "rrc112-bicubic", "val", "val128", "val-pad", "val-lanczos"])
 def test_partial_decode_never_changes_a_pixel(recipe, capfd):
-    """NOTE [ row-limited decode ]: stopping the decoder below the crop gives exactly
-    the full decode's sample, at every scale, chroma layout and resampling kernel."""
+    """NOTEs [ row-limited decode ] and [ restart windows ]: stopping the decoder below
+    the crop, and starting it at a restart marker above it, give exactly the full
+    decode's sample, at every scale, chroma layout and resampling kernel."""
     from seqloader import _fused
     from seqloader.images import jpeg_frame
     part, whole = compile_fused(recipe), compile_fused(recipe, partial_decode=False)
-    stopped = 0
+    stopped = started = 0
     for name, data in _variants().items():
         frame = jpeg_frame(data)
+        buf = np.frombuffer(data, np.uint8)
         for seed in range(12):
             plan = part.plan(frame.height, frame.width, np.random.default_rng(seed))
             rows = _fused.decoded_rows(frame, plan.k, plan.window.y1)
+            top, _ = _fused.restart_top(buf, frame, plan.k, plan.window.y0)
             stopped += rows < frame.height
+            started += top > 0
             if name == "progressive":
                 assert rows == frame.height
+            if "restart-" not in name:
+                assert top == 0, name  # no markers at row starts: decoded from the top
             assert np.array_equal(_run(part, data, seed), _run(whole, data, seed)), (name, seed)
     if isinstance(recipe.transforms[0], RandomResizedCrop):
         assert stopped > 24  # many random crops end well above the bottom
+        assert started > 12  # and start well below the top
     assert capfd.readouterr().err == ""  # the skipped tail is not reported as corrupt data
+
+
+def test_restart_window_rows_match_full_decode():
+    """NOTE [ restart windows ]: a decode started at a restart marker above a crop at row
+    y0 equals the full decode from 6 decoded px above y0 down -- for crops starting on,
+    just above and just below every kind of segment boundary, at every scale."""
+    from seqloader import _fused
+    from seqloader.images import jpeg_frame
+    local = _fused.threading.local()
+    checked = 0
+    for name, data in _variants().items():
+        if "restart-" not in name:
+            continue
+        buf, frame = np.frombuffer(data, np.uint8), jpeg_frame(data)
+        for k in (1, 2, 4, 8):
+            full = _fused.decode_jpeg(buf, frame, k, frame.height, local)[0].copy()
+            for y0 in [b + d for b in (48, 304) for d in (-1, 0, 1, 6, 7, 12, 13, 24, 25, 48, 49)]:
+                top, scan = _fused.restart_top(buf, frame, k, y0)
+                if top == 0:
+                    continue
+                img, top2, rows = _fused.decode_jpeg(buf, frame, k, 800, local, top, scan)
+                assert (top2, rows) == (top, 800) and top % frame.mcu_height == 0
+                lo = (y0 - 6 * k) // k  # the first decoded row a 6-px kernel may read
+                hi = (800 - frame.mcu_height) // k  # the bottom is decoded_rows()'s margin
+                assert np.array_equal(img[lo - top // k:hi - top // k], full[lo:hi]), (name, k, y0)
+                checked += 1
+    assert checked > 100
 
 
 def test_partial_decode_same_samples_without_simplejpeg(monkeypatch):
@@ -426,9 +474,9 @@ def test_partial_decode_survives_damaged_and_odd_jpegs():
     out = _run(pipe, bytes(damaged), 0)  # decodes with warnings, like OpenCV
     assert out.shape == (64, 64, 3)
     frame = _fused.jpeg_frame(data)
-    img, rows = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2, 64,
-                                   _fused.threading.local())
-    assert rows == 64 and img.shape == (32, -(-frame.width // 2), 3)
+    img, top, rows = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2, 64,
+                                        _fused.threading.local())
+    assert (top, rows) == (0, 64) and img.shape == (32, -(-frame.width // 2), 3)
 
 
 def test_uint8_output_equals_float_before_normalisation(jpegs):

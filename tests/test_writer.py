@@ -270,3 +270,45 @@ def test_extents_of_values_small_enough_to_live_in_btree_leaves(tmp_path):
     sizes = [len(v) for k, v in raw_items(path) if k != META_KEY]
     assert min(sizes) < 1000 and max(sizes) > 4096
     assert_extents_match(path)
+
+
+needs_jpegtran = pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
+                                    reason="jpegtran (libjpeg-turbo-progs) is not installed")
+
+
+@needs_jpegtran
+def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp_path):
+    """--restart-markers: the same records in the same order, every JPEG with a restart
+    marker at each MCU row, and every image decoding to exactly the same pixels."""
+    from seqloader.images import jpeg_frame, row_restarts
+    out = tmp_path / "rst"
+    _quiet(preprocess, synth_tree.root, out, splits=["train"],
+           options=_opts(restart_markers=True))
+    plain = read_records(lmdb_dir / "ILSVRC-train.lmdb")
+    marked = read_records(out / "ILSVRC-train.lmdb")
+    assert [(i, r.path, r.label) for i, r in plain] == [(i, r.path, r.label) for i, r in marked]
+    kinds = set()
+    for (_, a), (_, b) in zip(plain, marked):
+        assert row_restarts(b.image), b.path
+        assert jpeg_frame(b.image).marker == 0xC0  # progressive sources become baseline
+        if a.reencoded is None:  # stored as it was: transcoded losslessly
+            assert b.reencoded == "restart" and b.image != a.image
+            assert (decode_bgr(b.image) == decode_bgr(a.image)).all(), b.path
+        else:  # re-encoded anyway (CMYK, PNG): written with the markers
+            assert b.reencoded == a.reencoded
+        kinds.add(b.reencoded)
+    assert {"restart", "png"} <= kinds
+    meta = open_database(out, "train").metas[0]
+    assert meta.writer["restart_markers"] is True
+
+
+def test_restart_markers_without_jpegtran_is_a_clear_error(monkeypatch, synth_tree, tmp_path,
+                                                          capsys):
+    import seqloader.writer
+    monkeypatch.setattr(seqloader.writer.shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="jpegtran on PATH .*apt install libjpeg-turbo-progs"):
+        _opts(restart_markers=True)
+    assert cli(["preprocess", str(synth_tree.root), str(tmp_path / "o"), "--restart-markers",
+                "--no-progress"]) == 2
+    assert "libjpeg-turbo-progs" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "ILSVRC-train.lmdb").exists()
