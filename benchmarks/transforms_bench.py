@@ -8,8 +8,14 @@ Compares, over in-memory JPEG bytes (one thread, ``cv2.setNumThreads(1)``):
   fused_float       ``compile_fused(recipe)``: JPEG bytes -> normalised (3, 224, 224) float32
   fused_uint8       ``compile_fused(recipe, output="uint8")``: -> (224, 224, 3) uint8
   fused_reduced     fused_float with ``partial_decode=False`` (DCT scaling only)
-  fused_partial     fused_float with ``reduced_decode=False`` (row-limited decode only)
+  fused_partial     fused_float with ``reduced_decode=False`` (row-limited decode only,
+                    plus restart windows where the JPEG has restart markers)
   fused_plain       fused_float with both off: the whole image at full scale
+
+With ``--restart-markers`` every JPEG is first transcoded as ``preprocess
+--restart-markers`` stores it (lossless, ``jpegtran -restart 1``: NOTE [ restart windows ])
+and two more methods run on the *original* bytes: ``orig_fused`` (fused_float) and
+``orig_plain`` (fused_plain), so the table shows what the markers add and what they cost.
 
 for a set of ~500x375 images (ImageNet-like), ~1200x900 photos and 2000x1500 photos, at
 one or more JPEG qualities; then, on the draws where a reduced-scale decode applies,
@@ -20,7 +26,7 @@ the region, so a 1000+ px photo always gets a reduced decode).  Every method see
 same (image, rng seed) sequence.
 
     python benchmarks/transforms_bench.py [--images 200] [--draws 2] [--quality 75,90]
-        [--sets imagenet,photos,large] [--json out.json]
+        [--sets imagenet,photos,large] [--restart-markers] [--json out.json]
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import numpy as np
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToTensor, compile_fused, decode_rgb)
 from seqloader import _fused
+from seqloader.images import add_restart_markers
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SMALL_SIZES = [(375, 500)] * 6 + [(500, 375)] * 2 + [(333, 500), (400, 500), (375, 450)]
@@ -101,7 +108,8 @@ def timed(methods: dict, samples: list[tuple[bytes, int]], repeat: int,
     return best
 
 
-def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int) -> dict:
+def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int,
+              originals: list[bytes] | None = None) -> dict:
     recipe = Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
                       Normalize(MEAN, STD)])
     f32, u8 = compile_fused(recipe), compile_fused(recipe, output="uint8")
@@ -114,8 +122,12 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int) -> dict:
     for data, seed in samples:
         frame = _fused.jpeg_frame(data)
         plans.append(f32.plan(frame.height, frame.width, np.random.default_rng(seed)))
-        rows = _fused.decoded_rows(frame, plans[-1].k, plans[-1].window.y1)
-        rows_share.append(rows / frame.height)
+        w = plans[-1].window
+        reg, _ = _fused.restart_window(np.frombuffer(data, np.uint8), frame, plans[-1].k,
+                                       _fused.Region(int(w.y0), _fused.decoded_rows(
+                                           frame, plans[-1].k, w.y1), int(w.x0), int(np.ceil(w.x1))))
+        rows_share.append((reg.bottom - reg.top) * (reg.right - reg.left)
+                          / (frame.height * frame.width))
     ks = np.array([p.k for p in plans])
 
     methods = {
@@ -126,6 +138,11 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int) -> dict:
         "fused_uint8": lambda data, rng: u8(data, outs[u8], rng),
         **{name: (lambda data, rng, p=p: p(data, outs[p], rng)) for name, p in variants.items()},
     }
+    if originals is not None:  # the same images without restart markers
+        orig = {id(j): o for j, o in zip(jpegs, originals)}
+        plain = variants["fused_plain"]
+        methods["orig_fused"] = lambda data, rng: f32(orig[id(data)], outs[f32], rng)
+        methods["orig_plain"] = lambda data, rng: plain(orig[id(data)], outs[plain], rng)
     times = timed(methods, samples, repeat)
     result = {"images": len(jpegs), "samples": len(samples),
               "mean_kb": round(float(np.mean([len(j) for j in jpegs])) / 1024, 1),
@@ -162,9 +179,14 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int) -> dict:
 def _speedups(times: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, float]:
     """Plain path's time over each variant's, on the samples ``sel``."""
     plain = times["fused_plain"][sel].sum()
-    return {"speedup": round(plain / times["fused_float"][sel].sum(), 2),
-            "speedup_reduced_only": round(plain / times["fused_reduced"][sel].sum(), 2),
-            "speedup_partial_only": round(plain / times["fused_partial"][sel].sum(), 2)}
+    out = {"speedup": round(plain / times["fused_float"][sel].sum(), 2),
+           "speedup_reduced_only": round(plain / times["fused_reduced"][sel].sum(), 2),
+           "speedup_partial_only": round(plain / times["fused_partial"][sel].sum(), 2)}
+    if "orig_plain" in times:  # against the plain path on the original (marker-less) bytes
+        orig = times["orig_plain"][sel].sum()
+        out.update(speedup_vs_orig_plain=round(orig / times["fused_float"][sel].sum(), 2),
+                   orig_speedup=round(orig / times["orig_fused"][sel].sum(), 2))
+    return out
 
 
 def bench_eval(jpegs: list[bytes], repeat: int) -> dict:
@@ -200,6 +222,9 @@ def main() -> None:
     ap.add_argument("--sets", default="imagenet,photos",
                     help="comma list of: imagenet (~500x375), photos (~1200x900), "
                          "large (2000x1500)")
+    ap.add_argument("--restart-markers", action="store_true",
+                    help="transcode every JPEG with restart markers at MCU rows first "
+                         "(needs jpegtran) and also time the original bytes")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args()
     if min(args.images, args.draws, args.repeat) <= 0:
@@ -217,12 +242,15 @@ def main() -> None:
     cv2.setNumThreads(1)
     results = {"cv2": cv2.__version__, "numpy": np.__version__, "python": platform.python_version(),
                "cpu": platform.processor() or platform.machine(), "repeat": args.repeat,
-               "quality": qualities, "sets": {}}
+               "quality": qualities, "restart_markers": args.restart_markers, "sets": {}}
     for n, name in enumerate(names):
         for q in qualities:
             jpegs = make_set(SIZES[name], args.images, seed=n, quality=q)
             key = name if len(qualities) == 1 else f"{name}-q{q}"
-            results["sets"][key] = bench_set(key, jpegs, args.draws, args.repeat)
+            originals = None
+            if args.restart_markers:
+                originals, jpegs = jpegs, [add_restart_markers(j) for j in jpegs]
+            results["sets"][key] = bench_set(key, jpegs, args.draws, args.repeat, originals)
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -244,12 +272,20 @@ def print_table(results: dict) -> None:
               f"{100 * r['rows_decoded_share']:.0f}% of rows decoded)")
         print(f"{name:<10} all samples, vs plain: {a['speedup']}x (reduced only "
               f"{a['speedup_reduced_only']}x, row-limited only {a['speedup_partial_only']}x)")
+        if "speedup_vs_orig_plain" in a:
+            print(f"{name:<10} all samples, vs plain on the original bytes: "
+                  f"{a['speedup_vs_orig_plain']}x (fused on the original bytes: "
+                  f"{a['orig_speedup']}x)")
         w = r.get("where_reduced")
         if w:
             print(f"{name:<10} where reduced applies ({w['samples']}): fused {w['fused_ms']} ms vs "
                   f"plain {w['fused_plain_ms']} ms -> {w['speedup']}x (reduced only "
                   f"{w['speedup_reduced_only']}x, row-limited only {w['speedup_partial_only']}x; "
                   f"reduced decode alone {w['reduced_decode_only_speedup']}x)")
+            if "speedup_vs_orig_plain" in w:
+                print(f"{name:<10} where reduced applies, vs plain on the original bytes: "
+                      f"{w['speedup_vs_orig_plain']}x (fused on the original bytes: "
+                      f"{w['orig_speedup']}x)")
         e = r["eval"]
         if "speedup" in e:
             print(f"{name:<10} evaluation recipe (Resize 256 + CenterCrop 224): reduced on "

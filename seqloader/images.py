@@ -12,14 +12,14 @@ nvJPEG, ``torchvision.io.decode_jpeg``) and our reduced-scale decode fast path:
 Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
 (OpenCV's ``IMREAD_COLOR`` replicates the channel).
 
-With ``restart`` (``--restart-markers``) every stored JPEG gets a restart marker at
-the start of each MCU row, so that a reader can begin decoding at the row a crop
-needs (NOTE [ restart windows ] in ``seqloader/_fused.py``): JPEGs stored as they
-are go through libjpeg-turbo's ``jpegtran -restart 1`` -- a *lossless*
-transcode (the DCT coefficients are copied, every pixel decodes the same) -- and
-re-encoded ones are written with the markers.  A JPEG that already has markers at
-row starts is kept as it is; one that ``jpegtran`` reports problems with is kept
-unchanged too (it still decodes, from the top).
+With ``restart`` (``--restart-markers``) every stored JPEG gets restart markers every
+few MCUs, each MCU row starting an interval, so that a reader can decode just the
+segments around a crop (NOTE [ restart windows ] in ``seqloader/_fused.py``): JPEGs
+stored as they are go through libjpeg-turbo's ``jpegtran -restart <m>B`` -- a
+*lossless* transcode (the DCT coefficients are copied, every pixel decodes the same)
+-- and re-encoded ones are written with the markers.  A JPEG whose markers already
+tile it so is kept as it is; one that ``jpegtran`` reports problems with is kept
+unchanged too (it still decodes, whole).
 """
 from __future__ import annotations
 
@@ -166,39 +166,52 @@ JPEGTRAN_HELP = ("--restart-markers needs libjpeg-turbo's jpegtran on PATH (Debi
                  "or drop --restart-markers")
 
 
-def row_restarts(data: bytes | memoryview | np.ndarray) -> bool:
-    """Whether a JPEG has restart markers at the start of every MCU row (or every few)."""
+def restart_blocks(mcus_per_row: int) -> int:
+    """The restart interval (in MCUs) the writer uses for rows of ``mcus_per_row`` MCUs:
+    a divisor of the row near 4 MCUs (64 px at 4:2:0), so that segments tile the image
+    in a grid a crop can be cut from (NOTE [ restart windows ])."""
+    return next(m for m in (4, 3, 5, 6, 2, 7, 8, 1) if mcus_per_row % m == 0)
+
+
+def restart_grid(data: bytes | memoryview | np.ndarray) -> bool:
+    """Whether a JPEG's restart markers tile it in a grid: an interval of whole MCU
+    rows, or of a divisor of the MCUs in a row (NOTE [ restart windows ])."""
     frame = jpeg_frame(data)
     scan = None if frame is None else jpeg_scan(data, frame)
     if scan is None or scan.restart == 0:
         return False
-    return scan.restart % -(-frame.width // frame.mcu_width) == 0
+    per_row = -(-frame.width // frame.mcu_width)
+    return scan.restart % per_row == 0 or per_row % scan.restart == 0
 
 
 def add_restart_markers(data: bytes) -> bytes:
-    """``data`` losslessly transcoded with a restart marker at every MCU row (``jpegtran
-    -restart 1 -copy all``: coefficients and metadata are copied, pixels do not change).
-    ``data`` itself if it already has them, or if jpegtran fails or warns (damaged
-    data is kept as it was).  Raises RuntimeError if jpegtran is not installed."""
-    if row_restarts(data):
+    """``data`` losslessly transcoded with restart markers every few MCUs, each MCU row
+    starting a new interval (``jpegtran -restart <m>B -copy all``, ``m`` from
+    :func:`restart_blocks`: coefficients and metadata are copied, pixels do not change;
+    progressive files become sequential).  ``data`` itself if its markers already tile
+    it, or if jpegtran fails or warns (damaged data is kept as it was).  Raises
+    RuntimeError if jpegtran is not installed."""
+    frame = jpeg_frame(data)
+    if frame is None or restart_grid(data):
         return data
     exe = shutil.which("jpegtran")
     if exe is None:
         raise RuntimeError(JPEGTRAN_HELP)
+    m = restart_blocks(-(-frame.width // frame.mcu_width))
     try:
-        r = subprocess.run([exe, "-restart", "1", "-copy", "all"], input=data,
+        r = subprocess.run([exe, "-restart", f"{m}B", "-copy", "all"], input=data,
                            capture_output=True, timeout=120)
     except subprocess.TimeoutExpired:  # pragma: no cover - a pathological file
         return data
-    if r.returncode != 0 or r.stderr or not row_restarts(r.stdout):
+    if r.returncode != 0 or r.stderr or not restart_grid(r.stdout):
         return data
     return r.stdout
 
 
 def _encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
     params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
-    if restart:  # OpenCV writes 4:2:0: MCUs of 16 x 16 px, one interval per MCU row
-        params += [cv2.IMWRITE_JPEG_RST_INTERVAL, -(-bgr.shape[1] // 16)]
+    if restart:  # OpenCV writes 4:2:0: MCUs of 16 x 16 px
+        params += [cv2.IMWRITE_JPEG_RST_INTERVAL, restart_blocks(-(-bgr.shape[1] // 16))]
     ok, buf = cv2.imencode(".jpg", bgr, params)
     if not ok:  # pragma: no cover - OpenCV always encodes a valid uint8 image
         raise RuntimeError("OpenCV failed to encode a JPEG")
@@ -233,7 +246,7 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     an EOI marker;
     a failure gives ``Prepared(None, error=reason)``.  Without it, only the header is
     inspected (a broken file may then be stored).  With ``restart`` the stored JPEG has
-    restart markers at MCU-row starts (NOTE [ what gets stored ]; JPEGs stored as they
+    restart markers in a grid (NOTE [ what gets stored ]; JPEGs stored as they
     are need ``jpegtran``, RuntimeError without it; ``reencoded="restart"`` marks the
     lossless transcode).  Pure and thread-safe; OpenCV releases the GIL while
     decoding, so threads parallelise this.

@@ -116,18 +116,27 @@ def test_reduced_decode_check_rejects_what_a_full_decode_rejects():
 @pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
                     reason="jpegtran (libjpeg-turbo-progs) is not installed")
 def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
-    from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan, row_restarts
-    img = _photo(200, 300)
+    from seqloader.images import (add_restart_markers, jpeg_frame, jpeg_scan, restart_blocks,
+                                  restart_grid)
+    img = _photo(200, 320)
     data = _jpeg(img)
-    assert not row_restarts(data)
+    assert not restart_grid(data)
     out = add_restart_markers(data)
     frame = jpeg_frame(out)
-    assert jpeg_scan(out, frame).restart == -(-300 // frame.mcu_width)  # one MCU row
+    assert jpeg_scan(out, frame).restart == 4  # 20 MCUs of 16 px per row: 5 segments
+    assert restart_blocks(19) == 1 and restart_blocks(32) == 4 and restart_blocks(125) == 5
     assert np.array_equal(decode_bgr(out), decode_bgr(data))
     assert add_restart_markers(out) is out  # already there: kept
+    from seqloader.transforms import Compose, RandomResizedCrop, compile_fused
+    pipe = compile_fused(Compose([RandomResizedCrop(32)]))
+    for seed in range(20):  # windows of the transcoded file: the samples do not change
+        a, b = (np.empty(pipe.out_shape, pipe.out_dtype) for _ in range(2))
+        pipe(data, a, np.random.default_rng(seed))
+        pipe(out, b, np.random.default_rng(seed))
+        assert np.array_equal(a, b), seed
     truncated = data[:len(data) // 2]
     assert add_restart_markers(truncated) is truncated  # jpegtran warns: kept as it was
     p = prepare_image(data, restart=True)
     assert p.data == out and p.reencoded == "restart"
     png = cv2.imencode(".png", img)[1].tobytes()
-    assert row_restarts(prepare_image(png, restart=True).data)  # re-encoded with markers
+    assert restart_grid(prepare_image(png, restart=True).data)  # re-encoded with markers

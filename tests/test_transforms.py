@@ -361,6 +361,10 @@ def _variants() -> dict[str, bytes]:
               "restart-row": [cv2.IMWRITE_JPEG_RST_INTERVAL, 84],
               "restart-2rows-444": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
                                     cv2.IMWRITE_JPEG_RST_INTERVAL, 2 * 168],
+              # ... and every few MCUs, dividing a row's 84: columns can be left out too
+              "restart-4mcu": [cv2.IMWRITE_JPEG_RST_INTERVAL, 4],
+              "restart-7mcu-422": [sf, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
+                                   cv2.IMWRITE_JPEG_RST_INTERVAL, 7],
               "progressive": [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]}
     # fine grain where restart windows start, so that a decoder or resampling margin
     # one row too small shows in the sample
@@ -371,7 +375,8 @@ def _variants() -> dict[str, bytes]:
            for name, extra in params.items()}
     gray = cv2.cvtColor(noisy, cv2.COLOR_BGR2GRAY)
     out["gray"] = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2GRAY))[1].tobytes()
-    out["gray-restart-row"] = cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_RST_INTERVAL, 168])[1].tobytes()
+    for name, interval in (("gray-restart-row", 168), ("gray-restart-6mcu", 6)):
+        out[name] = cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_RST_INTERVAL, interval])[1].tobytes()
     out["small"] = jpeg(smooth_rgb(90, 70, seed=8))  # upscaled: the warpAffine branch
     return out
 
@@ -382,7 +387,8 @@ def test_jpeg_frame_reports_mcu_rows():
     frames = {name: jpeg_frame(data) for name, data in v.items()}
     assert {n: f.mcu_height for n, f in frames.items()} == {
         "420": 16, "422": 8, "444": 8, "restart": 16, "restart-row": 16, "restart-2rows-444": 8,
-        "progressive": 16, "gray": 8, "gray-restart-row": 8, "small": 16}
+        "restart-4mcu": 16, "restart-7mcu-422": 8, "progressive": 16, "gray": 8,
+        "gray-restart-row": 8, "gray-restart-6mcu": 8, "small": 16}
     assert frames["422"].mcu_width == 16 and frames["444"].mcu_width == 8
     assert frames["progressive"].marker == 0xC2 and frames["420"].marker == 0xC0
     assert frames["420"][:3] == (1001, 1337, 3) and frames["gray"].components == 1
@@ -403,52 +409,66 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     from seqloader import _fused
     from seqloader.images import jpeg_frame
     part, whole = compile_fused(recipe), compile_fused(recipe, partial_decode=False)
-    stopped = started = 0
+    stopped = started = narrowed = 0
     for name, data in _variants().items():
         frame = jpeg_frame(data)
         buf = np.frombuffer(data, np.uint8)
         for seed in range(12):
             plan = part.plan(frame.height, frame.width, np.random.default_rng(seed))
             rows = _fused.decoded_rows(frame, plan.k, plan.window.y1)
-            top, _ = _fused.restart_top(buf, frame, plan.k, plan.window.y0)
+            w = plan.window
+            reg, _ = _fused.restart_window(buf, frame, plan.k, _fused.Region(
+                int(w.y0), rows, int(w.x0), int(np.ceil(w.x1))))
             stopped += rows < frame.height
-            started += top > 0
+            started += reg.top > 0
+            narrowed += reg.right - reg.left < frame.width
             if name == "progressive":
                 assert rows == frame.height
             if "restart-" not in name:
-                assert top == 0, name  # no markers at row starts: decoded from the top
+                assert reg == (0, rows, 0, frame.width), name  # no markers: from the top
             assert np.array_equal(_run(part, data, seed), _run(whole, data, seed)), (name, seed)
     if isinstance(recipe.transforms[0], RandomResizedCrop):
         assert stopped > 24  # many random crops end well above the bottom
         assert started > 12  # and start well below the top
+        assert narrowed > 6  # and leave columns out where the markers allow it
     assert capfd.readouterr().err == ""  # the skipped tail is not reported as corrupt data
 
 
-def test_restart_window_rows_match_full_decode():
-    """NOTE [ restart windows ]: a decode started at a restart marker above a crop at row
-    y0 equals the full decode from 6 decoded px above y0 down -- for crops starting on,
-    just above and just below every kind of segment boundary, at every scale."""
+def test_restart_window_matches_full_decode():
+    """NOTE [ restart windows ]: a decode of the restart segments around a crop equals
+    the full decode from 6 decoded px outside the crop inwards -- for crops starting on,
+    just before and just after every kind of segment boundary, at every scale."""
     from seqloader import _fused
     from seqloader.images import jpeg_frame
     local = _fused.threading.local()
-    checked = 0
+    checked = narrowed = 0
     for name, data in _variants().items():
         if "restart-" not in name:
             continue
         buf, frame = np.frombuffer(data, np.uint8), jpeg_frame(data)
         for k in (1, 2, 4, 8):
-            full = _fused.decode_jpeg(buf, frame, k, frame.height, local)[0].copy()
-            for y0 in [b + d for b in (48, 304) for d in (-1, 0, 1, 6, 7, 12, 13, 24, 25, 48, 49)]:
-                top, scan = _fused.restart_top(buf, frame, k, y0)
-                if top == 0:
+            full = _fused.decode_jpeg(buf, frame, k, _fused.Region(0, frame.height, 0, frame.width),
+                                      local)[0].copy()
+            for d in (-1, 0, 1, 6, 7, 12, 13, 24, 25, 48, 49):
+                y0, x0, x1 = 48 + d, 64 + d, 960 + d
+                want = _fused.Region(y0, 800, x0, x1)
+                reg, scan = _fused.restart_window(buf, frame, k, want)
+                if scan is None:
                     continue
-                img, top2, rows = _fused.decode_jpeg(buf, frame, k, 800, local, top, scan)
-                assert (top2, rows) == (top, 800) and top % frame.mcu_height == 0
-                lo = (y0 - 6 * k) // k  # the first decoded row a 6-px kernel may read
-                hi = (800 - frame.mcu_height) // k  # the bottom is decoded_rows()'s margin
-                assert np.array_equal(img[lo - top // k:hi - top // k], full[lo:hi]), (name, k, y0)
+                img, got = _fused.decode_jpeg(buf, frame, k, reg, local, scan)
+                assert got == reg and reg.top % frame.mcu_height == 0
+                assert reg.left % frame.mcu_width == 0 and reg.right >= x1
+                narrowed += reg.right - reg.left < frame.width
+                # decoded rows/columns a 6-px kernel may read, minus the bottom MCU row
+                # (decoded_rows()'s margin) and the right edge's (when it is not the image's)
+                t, l = (y0 - 6 * k) // k, (x0 - 6 * k) // k
+                b = (800 - frame.mcu_height) // k
+                r = -(-(reg.right - (frame.mcu_width if reg.right < frame.width else 0)) // k)
+                assert r >= -(-(x1 + 6 * k) // k)
+                sub = img[t - reg.top // k:b - reg.top // k, l - reg.left // k:r - reg.left // k]
+                assert np.array_equal(sub, full[t:b, l:r]), (name, k, d)
                 checked += 1
-    assert checked > 100
+    assert checked > 200 and narrowed > 100
 
 
 def test_partial_decode_same_samples_without_simplejpeg(monkeypatch):
@@ -474,9 +494,9 @@ def test_partial_decode_survives_damaged_and_odd_jpegs():
     out = _run(pipe, bytes(damaged), 0)  # decodes with warnings, like OpenCV
     assert out.shape == (64, 64, 3)
     frame = _fused.jpeg_frame(data)
-    img, top, rows = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2, 64,
-                                        _fused.threading.local())
-    assert (top, rows) == (0, 64) and img.shape == (32, -(-frame.width // 2), 3)
+    img, reg = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2,
+                                  _fused.Region(0, 64, 0, frame.width), _fused.threading.local())
+    assert reg == (0, 64, 0, frame.width) and img.shape == (32, -(-frame.width // 2), 3)
 
 
 def test_uint8_output_equals_float_before_normalisation(jpegs):

@@ -280,7 +280,7 @@ needs_jpegtran = pytest.mark.skipif(__import__("shutil").which("jpegtran") is No
 def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp_path):
     """--restart-markers: the same records in the same order, every JPEG with a restart
     marker at each MCU row, and every image decoding to exactly the same pixels."""
-    from seqloader.images import jpeg_frame, row_restarts
+    from seqloader.images import jpeg_frame, restart_grid
     out = tmp_path / "rst"
     _quiet(preprocess, synth_tree.root, out, splits=["train"],
            options=_opts(restart_markers=True))
@@ -289,7 +289,7 @@ def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp
     assert [(i, r.path, r.label) for i, r in plain] == [(i, r.path, r.label) for i, r in marked]
     kinds = set()
     for (_, a), (_, b) in zip(plain, marked):
-        assert row_restarts(b.image), b.path
+        assert restart_grid(b.image), b.path
         assert jpeg_frame(b.image).marker == 0xC0  # progressive sources become baseline
         if a.reencoded is None:  # stored as it was: transcoded losslessly
             assert b.reencoded == "restart" and b.image != a.image
