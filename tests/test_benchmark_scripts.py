@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -122,6 +123,17 @@ def test_transforms_bench_script(tmp_path):
         else:  # ~500x375 at 224 px: it never does
             assert r["reduced_share"] == 0 and "speedup" not in r["eval"]
         assert 0 < r["rows_decoded_share"] <= 1 and r["speedup_all"]["speedup_partial_only"] > 0
+    if shutil.which("jpegtran"):  # --restart-markers: also the original bytes
+        p = subprocess.run([sys.executable, str(BENCH / "transforms_bench.py"), "--images", "2",
+                            "--draws", "1", "--repeat", "1", "--sets", "large",
+                            "--restart-markers", "--json", str(out)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(out.read_text())["sets"]["large"]
+        assert {"orig_fused", "orig_plain"} <= set(r["methods"])
+        assert r["where_reduced"]["speedup_vs_orig_plain"] > 0
+        assert r["rows_decoded_share"] < 1  # windows of the marked files
+        assert "vs plain on the original bytes" in p.stdout
     bad = subprocess.run([sys.executable, str(BENCH / "transforms_bench.py"), "--quality", "x"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--quality" in bad.stderr
