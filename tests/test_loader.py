@@ -210,3 +210,29 @@ def test_uint8_device_path_matches_float_path(lmdb_dir):
         loader.close()
     with pytest.raises(ValueError, match="output='uint8' needs"):
         next(iter(Loader(lmdb_dir, "train", _mean_color, output="uint8", num_workers=0)))
+
+
+@pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
+                    reason="jpegtran (libjpeg-turbo-progs) is not installed")
+def test_restart_marked_database_gives_the_same_batches(synth_tree, lmdb_dir, tmp_path):
+    """A database written with --restart-markers (decoded in restart windows by the
+    workers) yields exactly the batches of the plain one."""
+    import warnings
+    from seqloader import WriteOptions, preprocess
+    from seqloader import transforms as T
+    from seqloader.images import restart_grid
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preprocess(synth_tree.root, tmp_path, splits=["train"],
+                   options=WriteOptions(restart_markers=True, progress=False, workers=2))
+    assert all(restart_grid(r.image) for _, r in read_records(tmp_path / "ILSVRC-train.lmdb"))
+    tf = T.Compose([T.RandomResizedCrop(24, scale=(0.05, 0.3)), T.RandomHorizontalFlip(),
+                    T.ToTensor()])
+    got = []
+    for where in (lmdb_dir, tmp_path):
+        loader = Loader(where, "train", tf, batch_size=8, shuffle=True, num_workers=2, seed=3)
+        got.append([(x.clone(), y) for _ in range(2) for x, y in loader])
+        loader.close()
+    assert len(got[0]) == len(got[1]) > 0
+    for (xa, ya), (xb, yb) in zip(*got):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
