@@ -13,9 +13,12 @@ the effect being measured.  This script alternates, for ``--rounds`` rounds:
 
 and reports each round's ratios, so every ratio compares figures taken a minute apart.
 
-    python benchmarks/cpu_ratio.py [--data /work/bench-data] [--rounds 3] [--seconds 30]
+    python benchmarks/cpu_ratio.py [--data /work/bench-data] [--db lmdb-hdd] [--rounds 3]
+        [--seconds 30]
 
-Writes ``benchmarks/results/cpu_ratio.md`` and ``.json``.
+Writes ``benchmarks/results/cpu_ratio.md`` and ``.json`` (``cpu_ratio-<db>-<db>.*`` for
+other ``--db`` lists, e.g. ``--db lmdb-hdd,lmdb-rst``: the same images also written with
+``--restart-markers``, measured in turn in every round).
 """
 from __future__ import annotations
 
@@ -42,47 +45,60 @@ def main() -> int:
     ap.add_argument("--data", default="/work/bench-data")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--db", default="lmdb-hdd",
+                    help="database folder(s) under --data, comma-separated: each round "
+                         "measures each in turn (%(default)s)")
     args = ap.parse_args()
-    db = str(Path(args.data) / "lmdb-hdd")
-    bench = [sys.executable, "-m", "seqloader.bench", db, "--loader", "seqloader",
-             "--workers", "2", "--batch-size", "256", "--json", "--no-progress"]
-    subprocess.run(["cat"] + [str(p) for p in Path(db).glob("*.lmdb")], check=True,
-                   stdout=subprocess.DEVNULL)  # warm
+    dbs = [d for d in args.db.split(",") if d]
+    for d in dbs:  # warm
+        subprocess.run(["cat"] + [str(p) for p in (Path(args.data) / d).glob("*.lmdb")],
+                       check=True, stdout=subprocess.DEVNULL)
     rounds = []
     for r in range(args.rounds):
-        single = _json_out(bench + ["--mode", "cpu-limit", "--seconds", "5"])["results"][0]
-        conc = _json_out([sys.executable, str(HERE / "hdd_compare.py"), "--cpu-limit-child", "2",
-                          "--data", args.data])
-        full = _json_out(bench + ["--mode", "full", "--seconds", str(args.seconds)])["results"][0]
-        row = {"round": r + 1, "time": time.strftime("%H:%M:%S"),
-               "limit_single_x2": single["images_per_s"], "limit_concurrent": conc["images_per_s"],
-               "pipeline": full["images_per_s"], "pipeline_cpu_percent": full["cpu_percent"],
-               "pipeline_peak_pss_mb": full["peak_pss_mb"], "load": os.getloadavg()}
-        row["pct_of_single_x2"] = round(100 * row["pipeline"] / row["limit_single_x2"], 1)
-        row["pct_of_concurrent"] = round(100 * row["pipeline"] / row["limit_concurrent"], 1)
-        print(json.dumps(row), flush=True)
-        rounds.append(row)
-    med = {k: statistics.median(x[k] for x in rounds)
-           for k in ("pct_of_single_x2", "pct_of_concurrent", "pipeline")}
+        for d in dbs:
+            bench = [sys.executable, "-m", "seqloader.bench", str(Path(args.data) / d),
+                     "--loader", "seqloader", "--workers", "2", "--batch-size", "256", "--json",
+                     "--no-progress"]
+            single = _json_out(bench + ["--mode", "cpu-limit", "--seconds", "5"])["results"][0]
+            conc = _json_out([sys.executable, str(HERE / "hdd_compare.py"), "--cpu-limit-child",
+                              "2", "--data", args.data, "--db", d])
+            full = _json_out(bench + ["--mode", "full", "--seconds", str(args.seconds)])["results"][0]
+            row = {"round": r + 1, "db": d, "time": time.strftime("%H:%M:%S"),
+                   "limit_single_x2": single["images_per_s"], "limit_concurrent": conc["images_per_s"],
+                   "pipeline": full["images_per_s"], "pipeline_cpu_percent": full["cpu_percent"],
+                   "pipeline_peak_pss_mb": full["peak_pss_mb"], "load": os.getloadavg()}
+            row["pct_of_single_x2"] = round(100 * row["pipeline"] / row["limit_single_x2"], 1)
+            row["pct_of_concurrent"] = round(100 * row["pipeline"] / row["limit_concurrent"], 1)
+            print(json.dumps(row), flush=True)
+            rounds.append(row)
+    med = {d: {k: statistics.median(x[k] for x in rounds if x["db"] == d)
+               for k in ("pct_of_single_x2", "pct_of_concurrent", "pipeline", "limit_single_x2")}
+           for d in dbs}
     doc = {"rounds": rounds, "median": med, "command": " ".join(sys.argv)}
     out = HERE / "results"
-    (out / "cpu_ratio.json").write_text(json.dumps(doc, indent=1) + "\n")
+    name = "cpu_ratio" if dbs == ["lmdb-hdd"] else "cpu_ratio-" + "-".join(dbs)
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = ["# Full pipeline vs the CPU limit, measured in alternation", "",
-             "`python benchmarks/cpu_ratio.py` (see its docstring): per round, the CPU limit "
-             "(one process x 2 cores; and 2 processes at once), then the warm 2-worker "
-             "full pipeline (`seqloader bench --mode full`, batch 256).", "",
-             "| round | time | limit: 1 process x 2 | limit: 2 processes at once | pipeline images/s "
-             "| % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "`" + " ".join(["python", "benchmarks/cpu_ratio.py", *sys.argv[1:]]) + "` (see its "
+             "docstring): per round and database, the CPU limit (one process x 2 cores; and "
+             "2 processes at once), then the warm 2-worker full pipeline (`seqloader bench "
+             "--mode full`, batch 256).", "",
+             "| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
+             "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for x in rounds:
-        lines.append(f"| {x['round']} | {x['time']} | {x['limit_single_x2']:.0f} | "
+        lines.append(f"| {x['round']} | {x['db']} | {x['time']} | {x['limit_single_x2']:.0f} | "
                      f"{x['limit_concurrent']:.0f} | {x['pipeline']:.0f} | {x['pct_of_single_x2']} | "
                      f"{x['pct_of_concurrent']} | {x['pipeline_cpu_percent']} | "
                      f"{x['pipeline_peak_pss_mb']} |")
-    lines += ["", f"Median: pipeline {med['pipeline']:.0f} images/s = "
-              f"{med['pct_of_single_x2']} % of one process x 2 cores, "
-              f"{med['pct_of_concurrent']} % of 2 processes at once.", ""]
-    (out / "cpu_ratio.md").write_text("\n".join(lines))
+    lines.append("")
+    for d, m in med.items():
+        lines.append(f"Median, {d}: pipeline {m['pipeline']:.0f} images/s = "
+                     f"{m['pct_of_single_x2']} % of one process x 2 cores "
+                     f"({m['limit_single_x2']:.0f}/s), {m['pct_of_concurrent']} % of 2 processes "
+                     "at once.")
+    lines.append("")
+    (out / f"{name}.md").write_text("\n".join(lines))
     return 0
 
 

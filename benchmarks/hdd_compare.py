@@ -651,7 +651,8 @@ def _markdown(doc: dict, lim, flim, clim=None) -> str:
     return "\n".join(L)
 
 
-def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 300) -> int:
+def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 300,
+                    db_dir: str = "lmdb-hdd") -> int:
     """``n`` processes at once, each running the fused full-mode pipeline (what a seqloader
     worker does per record: msgpack-unpack, decode+crop+resize+flip+normalise) over
     ``records`` records held in memory, writing sample i into slot i % 256 of its own
@@ -669,7 +670,7 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 300)
         from seqloader.transforms import compile_fused
 
         cv2.setNumThreads(1)
-        db = open_database(Path(data) / "lmdb-hdd", "train")
+        db = open_database(Path(data) / db_dir, "train")
         fused = compile_fused(imagenet_train_transform())
         vals = _db_records(db, _spread(db.num_records, records))
         out = np.empty((256, *fused.out_shape), fused.out_dtype)
@@ -700,7 +701,8 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 300)
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--cpu-limit-child":
         data = sys.argv[sys.argv.index("--data") + 1] if "--data" in sys.argv else "/work/bench-data"
-        return cpu_limit_child(int(sys.argv[2]), data)
+        db_dir = sys.argv[sys.argv.index("--db") + 1] if "--db" in sys.argv else "lmdb-hdd"
+        return cpu_limit_child(int(sys.argv[2]), data, db_dir=db_dir)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="/work/bench-data", help="where data is built (%(default)s)")
     ap.add_argument("--classes", type=int, default=100)

@@ -269,6 +269,10 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     if fmt == "jpeg" and verify and not _has_jpeg_end(data):
         return Prepared(None, error="truncated JPEG (no end-of-image marker)")
     small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
+    if restart and reason is None and (max_size is None or small_enough):
+        out = add_restart_markers(data)
+        if out is not data:  # jpegtran entropy-decoded all of it without a warning: checked
+            return Prepared(out, "restart")
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
         return _as_is(data, restart)

@@ -136,6 +136,7 @@ def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
         assert np.array_equal(a, b), seed
     truncated = data[:len(data) // 2]
     assert add_restart_markers(truncated) is truncated  # jpegtran warns: kept as it was
+    assert "truncated" in prepare_image(truncated, restart=True).error  # and still checked
     p = prepare_image(data, restart=True)
     assert p.data == out and p.reencoded == "restart"
     png = cv2.imencode(".png", img)[1].tobytes()
