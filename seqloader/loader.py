@@ -201,7 +201,10 @@ class Loader:
         if self._pool is None:
             self._pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
                                     start_method=self.start_method, timeout=self.timeout)
-        for j, n, views, slot in self._pool.epoch(plan, self._feeder, first):
+        # persistent workers go on into the next epoch (the one that follows unless
+        # set_epoch/load_state_dict say otherwise; then that work is cancelled)
+        ahead = plan_epoch(self.plan_spec, plan.epoch + 1) if self.persistent_workers else None
+        for j, n, views, slot in self._pool.epoch(plan, self._feeder, first, ahead):
             yield j, n, views, None, slot
 
     def _in_process(self, spec: ProducerSpec, plan: EpochPlan, first: int):

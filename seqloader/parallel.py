@@ -11,7 +11,11 @@ NOTE [ worker lifecycle ]
   single-threaded OpenCV/torch.
 * Epoch: a reader thread in the parent (:class:`~seqloader.feeder.Feeder`, see
   NOTE [ one reader per rank ]) takes a free buffer per batch, copies the batch's
-  encoded records into it and sends ``batch`` to worker ``j % W`` over its pipe;
+  encoded records into it and sends ``batch`` to worker ``j % W`` over its pipe
+  (and, told the next epoch's plan, goes on into it when this one's records are
+  handed out: the workers start on the next epoch while the last batches are
+  consumed, instead of idling at every epoch boundary while the shuffle buffer
+  refills; a next epoch that is not the one expected cancels that work);
   the worker decodes into the same buffer and answers ``done``; the parent takes
   the answers in plan order and hands the buffer to the caller, who either copies
   it out or *leases* it (:meth:`WorkerPool.lease`: the batch tensor is a view of
@@ -181,14 +185,28 @@ def _frozen_gc() -> Iterator[None]:
 
 
 class _ReaderThread(threading.Thread):
-    """Feeds batches of encoded records into free buffers and hands them to workers."""
+    """Feeds batches of encoded records into free buffers and hands them to workers: the
+    batches of ``plan`` from ``first`` on, then those of each plan :meth:`extend` adds
+    (the next epochs, NOTE [ worker lifecycle ])."""
 
     def __init__(self, pool: "WorkerPool", feeder: Feeder, plan: EpochPlan, first: int,
                  free: "queue.Queue[int]"):
         super().__init__(name="seqloader-reader", daemon=True)
-        self.pool, self.feeder, self.plan, self.first, self.free = pool, feeder, plan, first, free
+        self.pool, self.feeder, self.free = pool, feeder, free
+        self.todo: list[tuple[EpochPlan, int]] = [(plan, first)]
+        self.finished = False
+        self._lock = threading.Lock()
         self.stop = threading.Event()
         self.error: tuple[BaseException, str] | None = None
+
+    def extend(self, plan: EpochPlan) -> bool:
+        """Read ``plan`` (from its first batch) after the plans given so far; False if
+        this thread has already finished them (start another)."""
+        with self._lock:
+            if self.finished:
+                return False
+            self.todo.append((plan, 0))
+            return True
 
     def _slot(self) -> int | None:
         while not self.stop.is_set():
@@ -199,30 +217,44 @@ class _ReaderThread(threading.Thread):
         return None
 
     def run(self) -> None:
-        pool, spec = self.pool, self.pool.spec
-        gen = pool._generation.value
+        gen = self.pool._generation.value
         try:
-            copy_into = self.feeder.reader.copy_into
-            for j, recs in self.feeder.batches(self.plan, self.first, release=False):
-                slot = self._slot()
-                if slot is None:
+            while True:
+                with self._lock:
+                    if not self.todo or self.stop.is_set():
+                        self.finished = True
+                        return
+                    plan, first = self.todo.pop(0)
+                if not self._feed(plan, first, gen):
                     return
-                _, _, whole = slot_views(pool._shms[slot].buf, spec, 0)
-                start = spec.input_start([len(v) for _, v in recs])
-                offsets, inline = [start], None
-                if start is not None:  # NOTE [ batch buffer layout ]
-                    for _, v in recs:  # pread from the page cache: maps no file pages
-                        copy_into(v, whole[offsets[-1]:offsets[-1] + len(v)])
-                        offsets.append(offsets[-1] + len(v))
-                else:
-                    inline = [bytes(v) for _, v in recs]
-                del whole
-                w = self.plan.worker_of(j)
-                with pool._locks[w]:
-                    pool._conns[w].send(("batch", gen, self.plan.epoch, j, slot, len(recs),
-                                         offsets, [i for i, _ in recs], inline))
         except BaseException as e:  # reported by the consumer, with this traceback
             self.error = (e, traceback.format_exc())
+        finally:
+            with self._lock:
+                self.finished = True
+
+    def _feed(self, plan: EpochPlan, first: int, gen: int) -> bool:
+        pool, spec = self.pool, self.pool.spec
+        copy_into = self.feeder.reader.copy_into
+        for j, recs in self.feeder.batches(plan, first, release=False):
+            slot = self._slot()
+            if slot is None:
+                return False
+            _, _, whole = slot_views(pool._shms[slot].buf, spec, 0)
+            start = spec.input_start([len(v) for _, v in recs])
+            offsets, inline = [start], None
+            if start is not None:  # NOTE [ batch buffer layout ]
+                for _, v in recs:  # pread from the page cache: maps no file pages
+                    copy_into(v, whole[offsets[-1]:offsets[-1] + len(v)])
+                    offsets.append(offsets[-1] + len(v))
+            else:
+                inline = [bytes(v) for _, v in recs]
+            del whole
+            w = plan.worker_of(j)
+            with pool._locks[w]:
+                pool._conns[w].send(("batch", gen, plan.epoch, j, slot, len(recs),
+                                     offsets, [i for i, _ in recs], inline))
+        return True
 
 
 class WorkerPool:
@@ -254,6 +286,7 @@ class WorkerPool:
         self._finalizer: weakref.finalize | None = None
         self._reader: _ReaderThread | None = None
         self._active: int | None = None  # epoch with batches possibly in flight
+        self._ahead: tuple[EpochPlan, Feeder] | None = None  # read ahead after an epoch
         self._slot_lock = threading.Lock()
         self._free: queue.Queue[int] | None = None
         self._leased: set[int] = set()  # buffers the caller holds as batch tensors
@@ -325,25 +358,41 @@ class WorkerPool:
                                    f"{timeout:.0f} s during {doing}; raise `timeout` if batches "
                                    "are legitimately this slow")
 
-    def epoch(self, plan: EpochPlan, feeder: Feeder, first_batch: int = 0
+    def epoch(self, plan: EpochPlan, feeder: Feeder, first_batch: int = 0,
+              next_plan: EpochPlan | None = None
               ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray], int]]:
         """Yield ``(j, n, (labels, samples) views, slot)`` for batches ``j >= first_batch`` in
         plan order.  The views are valid until the next item is requested -- copy them
         out -- unless the caller leases the slot (:meth:`lease`).  Finite; cancels itself if
-        closed early."""
+        closed early.  With ``next_plan`` the reader goes on into that epoch once this
+        one's records are handed out, so the workers never wait at the epoch boundary; a
+        next call for ``next_plan`` from its first batch continues that work, any other
+        call cancels it."""
         if plan.num_workers != self.num_workers:
             raise ValueError(f"plan is for {plan.num_workers} workers, pool has {self.num_workers}")
         self.start()
-        self._cancel()
-        with self._slot_lock:
-            free: queue.Queue[int] = queue.Queue()
-            for s in range(len(self._shms)):
-                if s not in self._leased:
-                    free.put(s)
-            self._free = free
-        self._reader = _ReaderThread(self, feeder, plan, first_batch, free)
+        ahead, self._ahead = self._ahead, None
+        reader = self._reader
+        if (ahead is not None and ahead[0] == plan and ahead[1] is feeder and first_batch == 0
+                and reader is not None and reader.error is None and self._free is not None):
+            free = self._free  # this epoch is already being read: go on
+            if next_plan is not None and not reader.extend(next_plan):
+                reader = self._reader = _ReaderThread(self, feeder, next_plan, 0, free)
+                reader.start()
+        else:
+            self._cancel()
+            with self._slot_lock:
+                free = queue.Queue()
+                for s in range(len(self._shms)):
+                    if s not in self._leased:
+                        free.put(s)
+                self._free = free
+            self._reader = _ReaderThread(self, feeder, plan, first_batch, free)
+            if next_plan is not None:
+                self._reader.extend(next_plan)
+            self._reader.start()
         self._active = plan.epoch
-        self._reader.start()
+        finished = False
         try:
             for j in range(first_batch, plan.num_batches):
                 w = plan.worker_of(j)
@@ -365,9 +414,13 @@ class WorkerPool:
                     with self._slot_lock:
                         if slot not in self._leased:
                             free.put(slot)
-            self._active = None
+            finished = True
+            if next_plan is not None:  # its batches may be in flight already
+                self._ahead, self._active = (next_plan, feeder), next_plan.epoch
+            else:
+                self._active = None
         finally:
-            if self._active is not None and self.started:  # closed early: break, error, GC
+            if not finished and self._active is not None and self.started:  # closed early
                 try:
                     self._cancel()
                 except Exception:
@@ -399,6 +452,7 @@ class WorkerPool:
         """Stop an unfinished epoch: stop the reader, make workers skip queued batches and
         wait until every worker has acknowledged."""
         reader, self._reader = self._reader, None
+        self._ahead = None
         if reader is not None:
             reader.stop.set()
             reader.join(30)
@@ -426,5 +480,5 @@ class WorkerPool:
             _shutdown(self._procs, self._conns, self._shms)
         self._procs, self._conns, self._locks, self._shms = [], [], [], []
         self._finalizer = None
-        self._active = None
+        self._active, self._ahead = None, None
         self._free, self._leased = None, set()

@@ -236,3 +236,51 @@ def test_restart_marked_database_gives_the_same_batches(synth_tree, lmdb_dir, tm
     assert len(got[0]) == len(got[1]) > 0
     for (xa, ya), (xb, yb) in zip(*got):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def _tiny_fused():
+    from seqloader import transforms as T
+    return T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToTensor()])
+
+
+def _epoch_batches(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(x1, x2) and torch.equal(y1, y2)
+                                    for (x1, y1), (x2, y2) in zip(a, b))
+
+
+def test_workers_read_into_the_next_epoch_without_changing_it(lmdb_dir):
+    """NOTE [ worker lifecycle ]: after an epoch, persistent workers are already decoding
+    the next one; that epoch -- or any other the caller asks for instead -- is exactly
+    what a fresh loader yields."""
+    import time
+    kw = dict(batch_size=5, shuffle=True, num_workers=2, seed=4, cache=16)
+    fresh = {}
+    for e in range(4):
+        ref = Loader(lmdb_dir, "train", _tiny_fused(), **kw)
+        ref.set_epoch(e)
+        fresh[e] = _epoch_batches(ref)
+        ref.close()
+    a = Loader(lmdb_dir, "train", _tiny_fused(), **kw)
+    assert _same(_epoch_batches(a), fresh[0])
+    pool = a._pool
+    deadline = time.monotonic() + 10
+    while pool._free.qsize() == pool.num_slots and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reader hands epoch 1's first batches to the workers
+    assert pool._ahead is not None and pool._free.qsize() < pool.num_slots
+    assert _same(_epoch_batches(a), fresh[1])  # continued
+    a.set_epoch(3)  # not the one read ahead (2): cancelled, then epoch 3 from the start
+    assert _same(_epoch_batches(a), fresh[3])
+    for _ in a:  # epoch 4 (epoch 5 ahead of it): break, then resume epoch 2 at batch 1
+        break
+    a.load_state_dict({**a.state_dict(), "epoch": 2, "position": 1})
+    assert _same(_epoch_batches(a), fresh[2][1:])
+    assert _same(_epoch_batches(a), fresh[3])  # and straight on
+    a.close()
+    b = Loader(lmdb_dir, "train", _tiny_fused(), persistent_workers=False, **kw)
+    assert _same(_epoch_batches(b), fresh[0])
+    assert b._pool is None or not b._pool.started  # stopped after the epoch: nothing ahead
+    b.close()
