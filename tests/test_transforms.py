@@ -643,3 +643,37 @@ def test_real_torchvision_interop(jpegs):
     assert theirs.shape == ours.shape and np.abs(theirs - ours).mean() < 0.03
     pipe = compile_fused(recipe)
     assert pipe is not None and np.abs(_run(pipe, jpegs[0], 0) - ours).mean() < 0.03
+
+
+def test_restart_windows_survive_damaged_markers():
+    """A JPEG whose restart markers are not where its header says (a marker overwritten,
+    bytes cut out) is decoded whole instead (with libjpeg's warnings, like any damaged
+    JPEG), or fails with the usual error -- never a crash or a hang."""
+    from seqloader import _fused
+    from seqloader.images import jpeg_frame, jpeg_scan
+    data = _variants()["restart-4mcu"]
+    frame = jpeg_frame(data)
+    scan = jpeg_scan(data, frame)
+    body = np.frombuffer(data, np.uint8)[scan.offset:]
+    marks = np.flatnonzero((body[:-1] == 0xFF) & (body[1:] >= 0xD0) & (body[1:] <= 0xD7))
+    one_gone = bytearray(data)
+    one_gone[scan.offset + marks[len(marks) // 2]] = 0x00  # one marker less
+    cut = data[:scan.offset + marks[100]] + data[scan.offset + marks[300]:]  # segments lost
+    pipe = compile_fused(Compose([RandomResizedCrop(64, scale=(0.05, 0.2))]))
+    windows = 0
+    for damaged in (bytes(one_gone), cut):
+        buf = np.frombuffer(damaged, np.uint8)
+        assert _fused._splice(buf, frame, scan, _fused.Region(320, 640, 256, 768)) is None
+        for seed in range(10):
+            plan = pipe.plan(frame.height, frame.width, np.random.default_rng(seed))
+            w = plan.window
+            reg, _ = _fused.restart_window(buf, frame, plan.k, _fused.Region(
+                int(w.y0), frame.height, int(w.x0), int(np.ceil(w.x1))))
+            windows += reg.top > 0 or reg.right - reg.left < frame.width
+            try:
+                out = _run(pipe, damaged, seed)
+            except ValueError as e:
+                assert "cannot decode JPEG" in str(e)
+            else:
+                assert out.shape == (64, 64, 3)
+    assert windows > 0  # the windows were tried (and given up on)
