@@ -43,7 +43,7 @@ def child(db: str, epochs: int, code: str | None) -> dict:
             first, t, n = False, now, n + len(y)
     loader.close()
     return {"seqloader": seqloader.__file__, "boundary_waits_s": [round(w, 3) for w in waits],
-            "median_batch_s": round(statistics.median(inside), 3),
+            "median_batch_s": round(statistics.median(inside), 3) if inside else None,
             "images_per_s": round(n / (t - t0), 1)}
 
 

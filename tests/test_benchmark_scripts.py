@@ -137,3 +137,14 @@ def test_transforms_bench_script(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "transforms_bench.py"), "--quality", "x"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--quality" in bad.stderr
+
+
+def test_epoch_gaps_script(lmdb_dir, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(BENCH / "epoch_gaps.py"), "--db", str(lmdb_dir),
+                        "--epochs", "2", "--code", str(BENCH.parent)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert doc["seqloader"].startswith(str(BENCH.parent))
+    assert len(doc["boundary_waits_s"]) == 2 and doc["images_per_s"] > 0
