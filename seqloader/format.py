@@ -8,8 +8,9 @@ A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
   and writing with ``append=True`` lays them out on disk in that order.
 * Each record value is a **msgpack map** ``{"image": bytes, "label": int, ...}``.
   Optional fields: ``"path"`` (the source file relative to its split folder) and
-  ``"reencoded"`` (why the writer re-encoded the image, e.g. ``"cmyk"``).  Readers
-  must ignore fields they do not know.
+  ``"reencoded"`` (why the stored bytes are not the source file's: ``"cmyk"``,
+  ``"png"``..., ``"resized"``, or ``"restart"`` for the lossless restart-marker
+  transcode).  Readers must ignore fields they do not know.
 * One **metadata** value under the key :data:`META_KEY`, also a msgpack map (see
   :class:`Meta`).  It is written first with ``complete=False`` and rewritten with
   ``complete=True`` in the very last transaction, so a file whose metadata says
