@@ -262,7 +262,7 @@ def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
     for a, n in zip(lo.tolist(), lens.tolist()):
         body[pos:pos + n] = data[a:a + n]
         pos += n
-    # the markers inside the copy, in order: segment s's ends its bytes
+    # the markers inside the copy, in order (segment s's marker ends its bytes)
     seg = (np.arange(b0, b1)[:, None] * groups + np.arange(g0, g1)[None, :]).ravel()
     seg = seg[seg < len(marks)][: (b1 - b0) * (g1 - g0) - 1]
     base = np.repeat(np.cumsum(lens) - lens - lo, g1 - g0)[:len(seg)]
