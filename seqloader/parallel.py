@@ -198,6 +198,7 @@ class _ReaderThread(threading.Thread):
         self._lock = threading.Lock()
         self.stop = threading.Event()
         self.error: tuple[BaseException, str] | None = None
+        self.error_epoch: int | None = None  # the epoch being read when it failed
 
     def extend(self, plan: EpochPlan) -> bool:
         """Read ``plan`` (from its first batch) after the plans given so far; False if
@@ -218,6 +219,7 @@ class _ReaderThread(threading.Thread):
 
     def run(self) -> None:
         gen = self.pool._generation.value
+        plan = None
         try:
             while True:
                 with self._lock:
@@ -228,6 +230,7 @@ class _ReaderThread(threading.Thread):
                 if not self._feed(plan, first, gen):
                     return
         except BaseException as e:  # reported by the consumer, with this traceback
+            self.error_epoch = None if plan is None else plan.epoch
             self.error = (e, traceback.format_exc())
         finally:
             with self._lock:
@@ -287,6 +290,7 @@ class WorkerPool:
         self._reader: _ReaderThread | None = None
         self._active: int | None = None  # epoch with batches possibly in flight
         self._ahead: tuple[EpochPlan, Feeder] | None = None  # read ahead after an epoch
+        self._consuming: int | None = None  # the epoch whose batches the caller takes
         self._slot_lock = threading.Lock()
         self._free: queue.Queue[int] | None = None
         self._leased: set[int] = set()  # buffers the caller holds as batch tensors
@@ -347,7 +351,9 @@ class WorkerPool:
                 raise WorkerDiedError(f"seqloader worker {w} (pid {proc.pid}) {_describe_exit(proc.exitcode)} "
                                       f"during {doing}; the pool was shut down")
             reader = self._reader
-            if reader is not None and reader.error is not None:
+            # a failure while reading ahead into the next epoch is that epoch's to report
+            if (reader is not None and reader.error is not None
+                    and reader.error_epoch in (None, self._consuming)):
                 err, tb = reader.error
                 self._cancel()
                 raise WorkerError(f"seqloader reader thread failed during {doing}: "
@@ -373,12 +379,17 @@ class WorkerPool:
         self.start()
         ahead, self._ahead = self._ahead, None
         reader = self._reader
-        if (ahead is not None and ahead[0] == plan and ahead[1] is feeder and first_batch == 0
-                and reader is not None and reader.error is None and self._free is not None):
+        go_on = (ahead is not None and ahead[0] == plan and ahead[1] is feeder
+                 and first_batch == 0 and reader is not None and self._free is not None)
+        if go_on and next_plan is not None and not reader.extend(next_plan):
+            # the reader is done (its error, if any, is set before it says so): a new one
+            # reads the epoch after this, unless this one's reading failed
+            go_on = reader.error is None
+            if go_on:
+                self._reader = _ReaderThread(self, feeder, next_plan, 0, self._free)
+                self._reader.start()
+        if go_on and reader.error is None:
             free = self._free  # this epoch is already being read: go on
-            if next_plan is not None and not reader.extend(next_plan):
-                reader = self._reader = _ReaderThread(self, feeder, next_plan, 0, free)
-                reader.start()
         else:
             self._cancel()
             with self._slot_lock:
@@ -391,7 +402,7 @@ class WorkerPool:
             if next_plan is not None:
                 self._reader.extend(next_plan)
             self._reader.start()
-        self._active = plan.epoch
+        self._active = self._consuming = plan.epoch
         finished = False
         try:
             for j in range(first_batch, plan.num_batches):

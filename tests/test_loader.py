@@ -284,3 +284,33 @@ def test_workers_read_into_the_next_epoch_without_changing_it(lmdb_dir):
     assert _same(_epoch_batches(b), fresh[0])
     assert b._pool is None or not b._pool.started  # stopped after the epoch: nothing ahead
     b.close()
+
+
+def _slow_mean_color(img, rng=None):
+    import time
+    time.sleep(0.13)
+    return _mean_color(img)
+
+
+def test_a_read_ahead_failure_is_the_next_epochs_error(lmdb_dir, monkeypatch):
+    """Reading ahead into epoch 1 fails: epoch 0 still completes, and epoch 1 raises the
+    reader's error (with its traceback) instead of hanging."""
+    from seqloader.feeder import Feeder
+    from seqloader.parallel import WorkerError
+    real = Feeder.batches
+
+    def batches(self, plan, first=0, **kw):
+        if plan.epoch == 1:
+            raise OSError("disk gone while reading epoch 1")
+        yield from real(self, plan, first, **kw)
+
+    monkeypatch.setattr(Feeder, "batches", batches)
+    # batches slower than the pool's 1-second liveness poll, so that the consumer of
+    # epoch 0 does look at the reader's state while the reader is already in epoch 1
+    loader = Loader(lmdb_dir, "train", _slow_mean_color, batch_size=10, shuffle=True,
+                    num_workers=2, seed=4, cache=16, timeout=60)
+    assert len([y for _, y in loader]) == len(loader)
+    with pytest.raises(WorkerError, match="(?s)reader thread failed.*disk gone while reading "
+                                          "epoch 1.*Reader traceback"):
+        list(loader)
+    loader.close()
