@@ -13,7 +13,7 @@ the number of workers.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -22,7 +22,12 @@ from .plan import EpochPlan
 from .reader import RangeReader
 from .shuffle import ShuffleBuffer
 
-__all__ = ["Feeder", "shuffle_rng", "PositionMap"]
+__all__ = ["Feeder", "Stopped", "shuffle_rng", "PositionMap"]
+
+
+class Stopped(Exception):
+    """Raised by :meth:`Feeder.batches` when its ``stop`` event is set (checked at every
+    record, so a reader filling a shuffle buffer from a slow disk stops promptly)."""
 
 Batch = list[tuple[int, memoryview]]
 
@@ -70,12 +75,15 @@ class Feeder:
         self.reader = RangeReader(db, prefetch_bytes=prefetch_bytes, fault_in=fault_in)
 
     def records(self, epoch: int, ranges: Sequence[tuple[int, int]], skip: int = 0,
-                eager: int = 0) -> Iterator[tuple[int, memoryview]]:
+                eager: int = 0, stop: Any = None) -> Iterator[tuple[int, memoryview]]:
         """The stream in output (shuffled) order, minus the first ``skip`` outputs, which
         are skipped on positions only (see NOTE [ local shuffle ]; ``eager`` as there:
-        the first batch's size)."""
+        the first batch's size).  Raises :class:`Stopped` once ``stop`` (an Event) is set."""
         if not self.shuffle:
-            yield from self.reader.read(skip_ranges(ranges, skip))
+            for rec in self.reader.read(skip_ranges(ranges, skip)):
+                if stop is not None and stop.is_set():
+                    raise Stopped()
+                yield rec
             return
         index_of = PositionMap(ranges)
         n = len(index_of)
@@ -92,22 +100,24 @@ class Feeder:
         held = {p: self.reader.get(index_of(p)) for p in buf.items}  # the buffer at `skip`
         stream = self.reader.read(skip_ranges(ranges, pos))
         for p in range(pos, n):
+            if stop is not None and stop.is_set():
+                raise Stopped()
             held[p] = next(stream)[1]
             for out in buf.push(p):
                 yield index_of(out), held.pop(out)
         for out in buf.drain():
             yield index_of(out), held.pop(out)
 
-    def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True
-                ) -> Iterator[tuple[int, Batch]]:
+    def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True,
+                stop: Any = None) -> Iterator[tuple[int, Batch]]:
         """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
         Values are zero-copy views, valid until :meth:`close`; use a batch before asking
         for the next (with ``release``, its pages are then unmapped; the values stay
         valid).  A caller that only copies values out with ``self.reader.copy_into``
-        maps no pages and passes ``release=False``."""
+        maps no pages and passes ``release=False``.  ``stop``: see :meth:`records`."""
         sizes = plan.batch_sizes
         records = self.records(plan.epoch, plan.ranges, sum(sizes[:first]),
-                               eager=sizes[0] if len(sizes) else 0)
+                               eager=sizes[0] if len(sizes) else 0, stop=stop)
         for j in range(first, len(sizes)):
             batch = [next(records) for _ in range(sizes[j])]
             yield j, batch

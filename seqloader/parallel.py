@@ -51,7 +51,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .feeder import Feeder
+from .feeder import Feeder, Stopped
 from .plan import EpochPlan
 from .producer import ProducerSpec, RecordError, batch_rng, decode_batch, slot_views
 from .threads import forking_single_threaded, prepare_worker
@@ -229,6 +229,8 @@ class _ReaderThread(threading.Thread):
                     plan, first = self.todo.pop(0)
                 if not self._feed(plan, first, gen):
                     return
+        except Stopped:  # stopped while reading (e.g. filling the shuffle buffer)
+            return
         except BaseException as e:  # reported by the consumer, with this traceback
             self.error_epoch = None if plan is None else plan.epoch
             self.error = (e, traceback.format_exc())
@@ -239,7 +241,7 @@ class _ReaderThread(threading.Thread):
     def _feed(self, plan: EpochPlan, first: int, gen: int) -> bool:
         pool, spec = self.pool, self.pool.spec
         copy_into = self.feeder.reader.copy_into
-        for j, recs in self.feeder.batches(plan, first, release=False):
+        for j, recs in self.feeder.batches(plan, first, release=False, stop=self.stop):
             slot = self._slot()
             if slot is None:
                 return False
