@@ -75,7 +75,7 @@ from typing import Any, NamedTuple
 import cv2
 import numpy as np
 
-from .images import JpegFrame, JpegScan, jpeg_frame, jpeg_scan
+from .images import JpegFrame, JpegScan, jpeg_frame, jpeg_scan, restart_layout
 
 try:
     import simplejpeg
@@ -178,24 +178,6 @@ class Region(NamedTuple):
     right: int
 
 
-def _layout(frame: JpegFrame, scan: JpegScan) -> tuple[int, int, int, int] | None:
-    """``(bands, groups, band_px, group_px)`` of a scan's restart segments when they tile
-    the image in a grid -- segment ``b * groups + g`` codes band ``b`` (``band_px`` rows)
-    and column group ``g`` (``group_px`` columns) -- or None when they do not: restart
-    intervals of whole MCU rows (one group), or of a divisor of the MCUs in a row."""
-    per_row = -(-frame.width // frame.mcu_width)
-    r = scan.restart
-    if r <= 0:
-        return None
-    if r % per_row == 0:  # every n MCU rows
-        n = r // per_row
-        return -(-frame.height // (n * frame.mcu_height)), 1, n * frame.mcu_height, frame.width
-    if per_row % r == 0:  # every r MCUs, each row starting a segment
-        return (-(-frame.height // frame.mcu_height), per_row // r, frame.mcu_height,
-                r * frame.mcu_width)
-    return None
-
-
 def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region
                    ) -> tuple[Region, JpegScan | None]:
     """Grow ``region`` (the source pixels a sample needs, bottom margin included) to the
@@ -213,7 +195,7 @@ def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region
     if top < frame.mcu_height and left < frame.mcu_width and right > frame.width - frame.mcu_width:
         return whole, None
     scan = jpeg_scan(buf, frame)
-    lay = None if scan is None else _layout(frame, scan)
+    lay = None if scan is None else restart_layout(frame, scan)
     if lay is None:
         return whole, None
     _, groups, band_px, group_px = lay
@@ -235,7 +217,7 @@ def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
     segments that code them -- each band's run of segments is contiguous in the file --
     with their markers renumbered from RST0 (decoders check the sequence), and an EOI.
     None if the markers are not where the header says they are."""
-    bands, groups, band_px, group_px = _layout(frame, scan)
+    bands, groups, band_px, group_px = restart_layout(frame, scan)
     b0, b1 = reg.top // band_px, -(-reg.bottom // band_px)
     g0, g1 = reg.left // group_px, -(-reg.right // group_px)
     data = buf[scan.offset:]

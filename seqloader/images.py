@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 
 __all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "jpeg_frame", "JpegFrame",
-           "jpeg_scan", "JpegScan",
+           "jpeg_scan", "JpegScan", "restart_layout",
            "decode_bgr"]
 
 _MAGIC = [
@@ -173,15 +173,30 @@ def restart_blocks(mcus_per_row: int) -> int:
     return next(m for m in (4, 3, 5, 6, 2, 7, 8, 1) if mcus_per_row % m == 0)
 
 
+def restart_layout(frame: JpegFrame, scan: JpegScan) -> tuple[int, int, int, int] | None:
+    """``(bands, groups, band_px, group_px)`` of a scan's restart segments when they tile
+    the image in a grid -- segment ``b * groups + g`` codes band ``b`` (``band_px`` rows)
+    and column group ``g`` (``group_px`` columns) -- or None when they do not: restart
+    intervals of whole MCU rows (one group), or of a divisor of the MCUs in a row
+    (NOTE [ restart windows ])."""
+    per_row = -(-frame.width // frame.mcu_width)
+    r = scan.restart
+    if r <= 0:
+        return None
+    if r % per_row == 0:  # every n MCU rows
+        n = r // per_row
+        return -(-frame.height // (n * frame.mcu_height)), 1, n * frame.mcu_height, frame.width
+    if per_row % r == 0:  # every r MCUs, each row starting a segment
+        return (-(-frame.height // frame.mcu_height), per_row // r, frame.mcu_height,
+                r * frame.mcu_width)
+    return None
+
+
 def restart_grid(data: bytes | memoryview | np.ndarray) -> bool:
-    """Whether a JPEG's restart markers tile it in a grid: an interval of whole MCU
-    rows, or of a divisor of the MCUs in a row (NOTE [ restart windows ])."""
+    """Whether a JPEG's restart markers tile it in a grid (:func:`restart_layout`)."""
     frame = jpeg_frame(data)
     scan = None if frame is None else jpeg_scan(data, frame)
-    if scan is None or scan.restart == 0:
-        return False
-    per_row = -(-frame.width // frame.mcu_width)
-    return scan.restart % per_row == 0 or per_row % scan.restart == 0
+    return scan is not None and restart_layout(frame, scan) is not None
 
 
 def add_restart_markers(data: bytes) -> bytes:
@@ -269,29 +284,24 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     if fmt == "jpeg" and verify and not _has_jpeg_end(data):
         return Prepared(None, error="truncated JPEG (no end-of-image marker)")
     small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
-    if restart and reason is None and (max_size is None or small_enough):
+    as_is = reason is None and (max_size is None or small_enough)
+    if restart and as_is:  # the one jpegtran attempt for bytes stored as they are
         out = add_restart_markers(data)
         if out is not data:  # jpegtran entropy-decoded all of it without a warning: checked
             return Prepared(out, "restart")
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
-        return _as_is(data, restart)
+        return Prepared(data)
     # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
-    as_is = reason is None and (max_size is None or small_enough)
     bgr = decode_bgr(data, _CHECK_FLAGS if as_is else cv2.IMREAD_COLOR)
     if bgr is None or bgr.size == 0:
         return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
     if as_is:
-        return _as_is(data, restart)
+        return Prepared(data)
     if max_size is not None and min(bgr.shape[:2]) > max_size:
         return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized")
     if reason is not None:
         return Prepared(_encode_jpeg(bgr, quality, restart), reason)
-    return _as_is(data, restart)
-
-
-def _as_is(data: bytes, restart: bool) -> Prepared:
-    if not restart:
-        return Prepared(data)
-    out = add_restart_markers(data)
+    # the header said larger than max_size, the pixels do not: kept as they are
+    out = add_restart_markers(data) if restart else data
     return Prepared(out, None if out is data else "restart")
