@@ -59,10 +59,10 @@ check the sequence).  Pixels are bit-identical to a full decode (tested at every
 and chroma layout; each margin mutation-checked).  ``preprocess --restart-markers``
 adds such markers losslessly (``jpegtran -restart <m>B``, m ~ 4 MCUs: 64 px).
 Measured (``benchmarks/transforms_bench.py --restart-markers``): a random crop's
-segments hold ~50-60 % of a photo's pixels, and the pipeline is 2.0-2.3x the plain
-path on 2000x1500 photos at 224 px (1.6-1.8x without markers); on ImageNet-sized
-images +2-3 %: libjpeg-turbo decodes any file with a restart interval 5-8 % slower
-(its fast Huffman path is off in such files) -- so the markers are opt-in.
+segments hold ~50-65 % of an image's pixels; on 2000x1500 photos at 224 px the pipeline
+is 2.03-2.33x the plain path on the original files (1.52-1.75x without markers); on
+ImageNet-sized images +3.5-6 %: libjpeg-turbo decodes any file with a restart interval
+5-8 % slower (its fast Huffman path is off in such files) -- so the markers are opt-in.
 """
 from __future__ import annotations
 

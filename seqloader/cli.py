@@ -34,8 +34,9 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality", type=int, default=d.quality,
                    help="JPEG quality of re-encoded images (%(default)s)")
     p.add_argument("--restart-markers", action="store_true",
-                   help="losslessly add a JPEG restart marker at every MCU row (jpegtran), so "
-                        "random crops decode only their rows: faster CPU-bound training")
+                   help="losslessly add JPEG restart markers every few MCUs (jpegtran), so "
+                        "a random crop decodes only the segments around it: faster "
+                        "CPU-bound training on large photos")
     p.add_argument("--shards", type=int, default=1, help="files per split (%(default)s)")
     p.add_argument("--shard-ids", type=int, nargs="+", metavar="K",
                    help="write only these shards (0-based), e.g. one per machine")
