@@ -78,7 +78,8 @@ def _info(args: argparse.Namespace) -> int:
         "format_version": db.metas[0].version, "complete": all(m.complete for m in db.metas),
         "image_bytes": db.image_bytes, "file_bytes": db.file_bytes,
         "shuffled": db.metas[0].shuffled, "seed": db.metas[0].seed,
-        "checksums": [m.checksum for m in db.metas], "shard_sizes": list(db.shard_sizes),
+        "checksums": [m.checksum for m in db.metas],
+        "checksum_algorithm": db.metas[0].checksum_algorithm, "shard_sizes": list(db.shard_sizes),
         "bad_files": sum(len(m.bad_files) for m in db.metas), "created": db.metas[0].created,
         "record_extents": all(bool(m.extents) for m in db.metas),
         "writer": db.metas[0].writer,
@@ -96,7 +97,8 @@ def _info(args: argparse.Namespace) -> int:
           f"{len(db.paths)} shard(s)\n"
           f"  order: {'shuffled, seed ' + str(info['seed']) if info['shuffled'] else 'sorted'}; "
           f"{info['bad_files']} bad source file(s) skipped\n"
-          f"  checksum {', '.join(c[:16] + '…' for c in info['checksums'])}\n"
+          f"  checksum ({info['checksum_algorithm']}) "
+          f"{', '.join(c[:16] + '…' for c in info['checksums'])}\n"
           f"  written with: {_writer_options(info['writer'])}\n"
           f"  record extents: " + ("yes (read without B-tree lookups)" if info["record_extents"]
                                    else "no (an older writer: records are found through the "

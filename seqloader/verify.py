@@ -30,10 +30,11 @@ class VerifyResult:
         return not self.bad and not self.problems
 
 
-def _check(item: tuple[int, bytes, bytes, int]) -> tuple[bytes, bytes, str | None]:
-    """(key, record digest, error or None) for one (index, key, value, num_classes)."""
-    index, key, value, num_classes = item
-    digest = record_digest(value)
+def _check(item: tuple[int, bytes, bytes, int, str]) -> tuple[bytes, bytes, str | None]:
+    """(key, record digest, error or None) for one (index, key, value, num_classes,
+    checksum algorithm)."""
+    index, key, value, num_classes, algorithm = item
+    digest = record_digest(value, algorithm)
     try:
         rec = unpack_record(value, where=f"record {index}")
     except FormatError as e:
@@ -77,7 +78,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                                 local < len(ext) and ext[local]["length"] == len(v)
                                 and ext[local]["offset"] == address(v) - base):
                             misplaced.append(local)
-                        yield offset + local, k, v, len(meta.classes)
+                        yield offset + local, k, v, len(meta.classes), meta.checksum_algorithm
 
                 checksum, expect = EMPTY_CHECKSUM, 0
                 for key, digest, err in ordered_map(_check, items(), workers=workers):
@@ -87,7 +88,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                         expect = local
                     if err:
                         res.bad.append((offset + local, err))
-                    checksum = chain_checksum(checksum, key, digest)
+                    checksum = chain_checksum(checksum, key, digest, meta.checksum_algorithm)
                     expect += 1
                     bar.update(1)
         finally:

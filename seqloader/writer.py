@@ -13,6 +13,21 @@ and the per-image processing are deterministic, so the result is byte-for-byte
 the records of an uninterrupted run.  A complete file is never replaced without
 ``overwrite``; a complete shard with the same fingerprint is skipped (so a
 multi-shard run resumes at its first unfinished shard).
+
+NOTE [ drop-behind ]
+Once a commit is on disk (LMDB syncs every commit), the writer tells the kernel it
+will not read those records' pages again (``posix_fadvise(DONTNEED)`` over the
+whole pages inside the span of the commit's records; the meta pages at the start
+of the file are never in it, and a B-tree page in it that LMDB needs again is read
+back).  Writing a 140 GB
+split would otherwise fill the page cache with output nobody reads soon, evicting
+what other jobs on the host -- a training run, say -- have cached.  It is also
+cheaper: the next commit's pages are allocated from the ones just freed instead of
+fresh memory.  On this benchmark VM, whose never-touched memory costs a hypervisor
+fault on first use, the commit thread's CPU for a 1 GB split fell from ~2.9 to
+~1.7 s of system time (warm 10,000-image runs: 6.4-6.8 s instead of 6.8-8.0 s).
+The cost: a database written just now is read from disk, not from the cache, by
+the first pass over it.
 """
 from __future__ import annotations
 
@@ -34,7 +49,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .database import Database, close_env, open_env, read_meta
-from .format import (EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY, FormatError, Meta,
+from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY, FormatError, Meta,
                      Record, chain_checksum, encode_key, pack_meta, pack_record, record_digest,
                      shard_path)
 from .pages import address, map_base, unmap
@@ -126,6 +141,7 @@ def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng(np.random.SeedSequence([seed])).permutation(n)
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _ACTIVE: "_ShardWriter | None" = None  # the writer whose sources forked workers prepare
 
 
@@ -175,6 +191,7 @@ class _ShardWriter:
         self.scan, self.split, self.order, self.final = scan, split, order, final
         self.shard, self.fingerprint, self.opt = shard, fingerprint, opt
         self.partial = final.with_name(final.name + ".partial")
+        self._fd: int | None = None  # of the partial file while writing (drop-behind)
 
     def _load_or_start(self, env: lmdb.Environment) -> Meta:
         try:
@@ -196,6 +213,8 @@ class _ShardWriter:
                         writer={"seqloader": __version__, "verify": o.verify,
                                 "max_size": o.max_size, "quality": o.quality,
                                 "restart_markers": o.restart_markers})
+        # the fingerprint includes FORMAT_VERSION, which fixes the algorithm
+        assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm
         return meta
 
     def _prepare(self, pos: int) -> tuple[int, bytes | None, bytes | str]:
@@ -212,7 +231,7 @@ class _ShardWriter:
             return pos, None, p.error or "unknown error"
         value = pack_record(Record(p.data, int(self.scan.labels[i]),
                                    rel if self.opt.store_paths else None, p.reencoded))
-        return pos, value, record_digest(value)
+        return pos, value, record_digest(value)  # CHECKSUM_ALGORITHM: see _load_or_start
 
     def _labels(self, start: int, stop: int, meta: Meta) -> bytes:
         """The labels of the stored records, in record order (int32 little-endian)."""
@@ -224,14 +243,17 @@ class _ShardWriter:
 
     def _prepared(self, positions: range):
         """``_prepare`` over ``positions`` in order: threads when only reading (I/O), forked
-        processes when decoding (see :func:`~seqloader.pool.ordered_process_map`)."""
+        processes when decoding (see :func:`~seqloader.pool.ordered_process_map`): one
+        per core plus one, which keeps the cores busy while a decoder waits for this
+        process (measured: 6.0-6.2 s for 10,000 images against 6.2-6.4 s with one
+        per core)."""
         global _ACTIVE
         opt = self.opt
         if not (opt.verify or opt.max_size) or os.cpu_count() == 1 or not hasattr(os, "fork"):
             return ordered_map(self._prepare, positions, workers=opt.workers)
         _ACTIVE = self
         return ordered_process_map(_prepare_active, positions,
-                                   workers=min(opt.workers, os.cpu_count() or 1))
+                                   workers=min(opt.workers, (os.cpu_count() or 1) + 1))
 
     def _commit(self, env: lmdb.Environment, pending: list[tuple[bytes, bytes]], meta: Meta) -> None:
         while True:
@@ -250,6 +272,17 @@ class _ShardWriter:
                 self.extents = None
             else:
                 self.extents.append(ext)
+                self._drop_behind(ext)
+
+    def _drop_behind(self, ext: np.ndarray) -> None:
+        """NOTE [ drop-behind ]: forget the committed (and synced) pages of these records,
+        whole pages strictly inside their span only."""
+        if self._fd is None or not len(ext) or not hasattr(os, "posix_fadvise"):
+            return
+        lo = -(-int(ext["offset"].min()) // _PAGE) * _PAGE
+        hi = int((ext["offset"] + ext["length"]).max()) // _PAGE * _PAGE
+        if hi > lo:
+            os.posix_fadvise(self._fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
 
     def _locate(self, env: lmdb.Environment, keys: list[bytes]) -> np.ndarray | None:
         """Extents of committed records (NOTE [ record extents ] in reader.py), or None
@@ -306,6 +339,7 @@ class _ShardWriter:
         env = lmdb.open(str(self.partial), subdir=False, map_size=self.opt.initial_map_size,
                         readahead=False, meminit=False, max_dbs=0, lock=True)
         lockf = open(self.partial, "rb")
+        self._fd = lockf.fileno()
         try:
             _lock_or_fail(lockf, self.partial)
             meta = self._load_or_start(env)
@@ -323,9 +357,11 @@ class _ShardWriter:
         except BaseException:
             env.close()
             lockf.close()
+            self._fd = None
             raise
         env.close()
         lockf.close()
+        self._fd = None
         os.replace(self.partial, self.final)
         Path(str(self.partial) + "-lock").unlink(missing_ok=True)
         dirfd = os.open(self.final.parent, os.O_RDONLY)
@@ -375,7 +411,8 @@ class _ShardWriter:
                     key = encode_key(meta.num_records)
                     pending.append((key, value))
                     pending_bytes += len(value)
-                    meta.checksum = chain_checksum(meta.checksum, key, digest)
+                    meta.checksum = chain_checksum(meta.checksum, key, digest,
+                                                   meta.checksum_algorithm)
                     meta.num_records += 1
                     meta.image_bytes += len(value)
                     nbytes += len(value)

@@ -108,3 +108,52 @@ def test_shard_names_and_discovery(tmp_path):
     assert find_database(names[2]) == names
     with pytest.raises(FileNotFoundError, match="ILSVRC-val.lmdb"):
         find_database(tmp_path, "val")
+
+
+def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
+    """A file written before format version 2 (BLAKE2b chain, no algorithm field) still
+    opens and verifies; a wrong checksum in it is still caught; a new file's chain is
+    SHA-256 -- computed here from the raw records, independently of the writer."""
+    import hashlib
+    import shutil
+
+    from seqloader.verify import verify_database
+    from conftest import raw_items
+
+    src = lmdb_dir / "ILSVRC-val.lmdb"
+    items = [(k, v) for k, v in raw_items(src) if is_record_key(k)]
+
+    def chain(h):
+        c = bytes(32)
+        for k, v in items:
+            c = h(c + k + h(v).digest()).digest()
+        return c.hex()
+
+    sha = open_database(src).metas[0]
+    assert sha.version == FORMAT_VERSION == 2 and sha.checksum_algorithm == "sha256"
+    assert sha.checksum == chain(hashlib.sha256)
+
+    old = tmp_path / "v1.lmdb"
+    shutil.copy(src, old)
+    d = msgpack.unpackb(pack_meta(sha))
+    del d["checksum_algorithm"]
+    d.update(version=1, checksum=chain(lambda b: hashlib.blake2b(b, digest_size=32)))
+    env = lmdb.open(str(old), subdir=False)
+    with env.begin(write=True) as txn:
+        txn.put(META_KEY, msgpack.packb(d, use_bin_type=True))
+    env.close()
+    meta = open_database(old).metas[0]
+    assert (meta.version, meta.checksum_algorithm) == (1, "blake2b-256")
+    assert verify_database(old, progress=False).ok
+    d["checksum"] = sha.checksum  # right records, the other algorithm's chain: damaged
+    env = lmdb.open(str(old), subdir=False)
+    with env.begin(write=True) as txn:
+        txn.put(META_KEY, msgpack.packb(d, use_bin_type=True))
+    env.close()
+    res = verify_database(old, progress=False)
+    assert not res.ok and "checksum" in res.problems[0]
+
+
+def test_unknown_checksum_algorithm_fails_clearly():
+    with pytest.raises(FormatError, match="checksum algorithm 'crc7'.*upgrade"):
+        unpack_meta(msgpack.packb(_meta_dict(checksum_algorithm="crc7")), where="x.lmdb")

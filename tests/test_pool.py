@@ -1,0 +1,79 @@
+"""The order-preserving parallel maps behind the writer (real forked processes)."""
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+from seqloader.pool import ordered_map, ordered_process_map
+
+
+def _payload(i: int) -> bytes:
+    n = (i * 7919) % 40_000 + (100_000 if i % 13 == 0 else 0)  # some exceed a 64 KB slot
+    seed = hashlib.sha256(str(i).encode()).digest()
+    return (seed * (n // 32 + 1))[:n]
+
+
+def _work(i: int):
+    if i % 5 == 0:
+        return i  # not a tuple: passes through as it is
+    return i, _payload(i), b"small", _payload(i + 1)
+
+
+def _fail_on_7(i: int):
+    if i == 7:
+        raise ValueError(f"bad item {i}")
+    return i
+
+
+def _die_on_5(i: int):
+    if i == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return i
+
+
+def _expected(i: int):
+    return i if i % 5 == 0 else (i, _payload(i), b"small", _payload(i + 1))
+
+
+@pytest.mark.parametrize("slot_bytes", [64 << 10, 0])
+def test_process_map_returns_every_result_in_order_and_intact(slot_bytes):
+    """Bytes come back through the shared slots (several per slot, offsets matter),
+    by pipe when they do not fit, and the pickled way with ``slot_bytes=0``."""
+    items = range(150)
+    got = list(ordered_process_map(_work, items, workers=2, chunk=4, slot_bytes=slot_bytes))
+    assert len(got) == len(items)
+    for i, r in zip(items, got):
+        assert r == _expected(i), i
+        if isinstance(r, tuple):
+            assert all(type(v) in (int, bytes) for v in r)
+
+
+def test_process_map_raises_the_workers_error_with_its_traceback():
+    with pytest.raises(ValueError, match="bad item 7") as info:
+        list(ordered_process_map(_fail_on_7, range(40), workers=2, chunk=3))
+    assert "_fail_on_7" in str(info.value.__cause__)  # the worker's traceback
+
+
+def test_process_map_reports_a_killed_worker_and_leaves_no_children():
+    with pytest.raises(BrokenProcessPool):
+        list(ordered_process_map(_die_on_5, range(40), workers=2, chunk=2))
+    assert not mp.active_children()
+
+
+def test_process_map_closed_early_stops_its_workers():
+    gen = ordered_process_map(_work, range(10_000), workers=2, chunk=4)
+    assert next(gen) == _expected(0)
+    gen.close()
+    assert not mp.active_children()
+
+
+def test_thread_map_keeps_order_and_raises_at_the_failing_item():
+    assert list(ordered_map(lambda i: i * i, range(100), workers=3)) == [i * i for i in range(100)]
+    got = []
+    with pytest.raises(ValueError, match="bad item 7"):
+        for r in ordered_map(_fail_on_7, range(20), workers=3):
+            got.append(r)
+    assert got == list(range(7))
