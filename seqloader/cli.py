@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "info":
             p.add_argument("--json", action="store_true", help="print JSON")
         else:
-            p.add_argument("--workers", type=int, default=None, help="decode threads (all cores)")
+            p.add_argument("--workers", type=int, default=None,
+                           help="decode processes (default: one per core plus one)")
             p.add_argument("--no-progress", action="store_true")
         p.set_defaults(fn=fn)
     p = sub.add_parser("synth", help="generate a synthetic ImageNet-like folder tree")

@@ -256,6 +256,24 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
 _CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
 
 
+def check_stored(data: bytes) -> str | None:
+    """Why the stored image ``data`` would not decode, or None if it does: the same
+    checks as the writer's (NOTE [ decode check ]: a JPEG must end with EOI and decode
+    at 1/8 scale; anything else is decoded in full).  Pure and fork-safe."""
+    if not data:
+        return "empty image"
+    fmt = sniff_format(data)
+    if fmt == "jpeg":
+        if not _has_jpeg_end(data):
+            return "truncated JPEG (no end-of-image marker)"
+        img = decode_bgr(data, _CHECK_FLAGS)
+    else:
+        img = decode_bgr(data)
+    if img is None or img.size == 0:
+        return f"OpenCV cannot decode this {fmt.upper()} data"
+    return None
+
+
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
                   quality: int = 95, restart: bool = False) -> Prepared:
     """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).

@@ -368,3 +368,35 @@ def test_written_records_leave_the_page_cache(tmp_path):
     assert verify_database(out, progress=False).ok
     assert [r.label for _, r in read_records(out)] == [
         int(scan.labels[i]) for i in write_order(len(scan), seed=0, shuffle=True)]
+
+
+def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(lmdb_dir, tmp_path):
+    """`seqloader verify` runs the writer's checks on every record (a truncated JPEG
+    decodes with a mere warning; the EOI check catches it), in forked processes that
+    read the records themselves or, with one worker, in this process: same findings."""
+    import shutil
+
+    import msgpack
+
+    from seqloader.verify import verify_database
+
+    bad = tmp_path / "bad.lmdb"
+    shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
+    env = lmdb.open(str(bad), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        rec = msgpack.unpackb(txn.get(encode_key(3)))
+        rec["image"] = rec["image"][:len(rec["image"]) * 3 // 5]
+        txn.put(encode_key(3), msgpack.packb(rec, use_bin_type=True))
+        rec = msgpack.unpackb(txn.get(encode_key(5)))
+        rec["label"] = 99
+        txn.put(encode_key(5), msgpack.packb(rec, use_bin_type=True))
+    env.close()
+    found = []
+    for workers in (3, 1):
+        res = verify_database(bad, workers=workers, progress=False)
+        assert [i for i, _ in res.bad] == [3, 5], res.bad
+        assert "truncated JPEG" in res.bad[0][1] and "label 99 outside [0, 4)" in res.bad[1][1]
+        assert any("checksum" in p for p in res.problems)
+        found.append(res.bad)
+    assert found[0] == found[1]
+    assert verify_database(lmdb_dir / "ILSVRC-train.lmdb", workers=3, progress=False).ok
