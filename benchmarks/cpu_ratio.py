@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--db", default="lmdb-hdd",
                     help="database folder(s) under --data, comma-separated: each round "
                          "measures each in turn (%(default)s)")
+    ap.add_argument("--tag", default="",
+                    help="suffix of the results' file names (keeps earlier runs' files)")
     args = ap.parse_args()
     dbs = [d for d in args.db.split(",") if d]
     for d in dbs:  # warm
@@ -66,7 +68,10 @@ def main() -> int:
             row = {"round": r + 1, "db": d, "time": time.strftime("%H:%M:%S"),
                    "limit_single_x2": single["images_per_s"], "limit_concurrent": conc["images_per_s"],
                    "pipeline": full["images_per_s"], "pipeline_cpu_percent": full["cpu_percent"],
-                   "pipeline_peak_pss_mb": full["peak_pss_mb"], "load": os.getloadavg()}
+                   "pipeline_peak_pss_mb": full["peak_pss_mb"], "load": os.getloadavg(),
+                   "limit_sample_records": single.get("sample_records"),
+                   "limit_sample_mean_kb": _kb(single.get("sample_mean_bytes")),
+                   "data_mean_kb": _kb(single.get("data_mean_bytes"))}
             row["pct_of_single_x2"] = round(100 * row["pipeline"] / row["limit_single_x2"], 1)
             row["pct_of_concurrent"] = round(100 * row["pipeline"] / row["limit_concurrent"], 1)
             print(json.dumps(row), flush=True)
@@ -76,21 +81,26 @@ def main() -> int:
            for d in dbs}
     doc = {"rounds": rounds, "median": med, "command": " ".join(sys.argv)}
     out = HERE / "results"
-    name = "cpu_ratio" if dbs == ["lmdb-hdd"] else "cpu_ratio-" + "-".join(dbs)
+    name = ("cpu_ratio" if dbs == ["lmdb-hdd"] else "cpu_ratio-" + "-".join(dbs)) + (
+        f"-{args.tag}" if args.tag else "")
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = ["# Full pipeline vs the CPU limit, measured in alternation", "",
              "`" + " ".join(["python", "benchmarks/cpu_ratio.py", *sys.argv[1:]]) + "` (see its "
              "docstring): per round and database, the CPU limit (one process x 2 cores; and "
              "2 processes at once), then the warm 2-worker full pipeline (`seqloader bench "
-             "--mode full`, batch 256).", "",
+             "--mode full`, batch 256).  The limits run over records held in memory; the "
+             "sample's mean size should match the data's (NOTE [ a representative sample ] "
+             "in `seqloader/bench.py`).", "",
              "| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
-             "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB |",
-             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB "
+             "| limit sample: records, mean KB (data's mean KB) |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for x in rounds:
         lines.append(f"| {x['round']} | {x['db']} | {x['time']} | {x['limit_single_x2']:.0f} | "
                      f"{x['limit_concurrent']:.0f} | {x['pipeline']:.0f} | {x['pct_of_single_x2']} | "
                      f"{x['pct_of_concurrent']} | {x['pipeline_cpu_percent']} | "
-                     f"{x['pipeline_peak_pss_mb']} |")
+                     f"{x['pipeline_peak_pss_mb']} | {x['limit_sample_records']}, "
+                     f"{x['limit_sample_mean_kb']} ({x['data_mean_kb']}) |")
     lines.append("")
     for d, m in med.items():
         lines.append(f"Median, {d}: pipeline {m['pipeline']:.0f} images/s = "
@@ -100,6 +110,10 @@ def main() -> int:
     lines.append("")
     (out / f"{name}.md").write_text("\n".join(lines))
     return 0
+
+
+def _kb(nbytes: float | None) -> float | None:
+    return None if nbytes is None else round(nbytes / 1e3, 1)
 
 
 if __name__ == "__main__":

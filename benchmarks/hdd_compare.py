@@ -651,7 +651,7 @@ def _markdown(doc: dict, lim, flim, clim=None) -> str:
     return "\n".join(L)
 
 
-def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 300,
+def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000,
                     db_dir: str = "lmdb-hdd") -> int:
     """``n`` processes at once, each running the fused full-mode pipeline (what a seqloader
     worker does per record: msgpack-unpack, decode+crop+resize+flip+normalise) over

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from seqloader import bench
+from conftest import raw_items
 from seqloader.bench import cpu_limit, evict, measure, residency
+from seqloader.format import is_record_key
 
 RESULT_KEYS = {"loader": str, "mode": str, "workers": int, "batch_size": int,
                "images": int, "batches": int, "seconds": float, "images_per_s": float,
@@ -188,6 +190,15 @@ def test_cpu_limit_both_paths(data):
     b = cpu_limit(scan_class_tree(root / "train"), tf, seconds=0.1, records=20)
     c = cpu_limit(db / "ILSVRC-train.lmdb", bench.decode_transform(), seconds=0.1, records=20)
     assert a > 0 and b > 0 and c > 0
+    # the sample it decodes is reported, so its cost can be checked against the data's
+    # (NOTE [ a representative sample ]): by default as many records as the data has, up
+    # to 3,000 -- here all of them, so its mean size is the data's
+    database = open_database(db, "train")
+    stats: dict = {}
+    cpu_limit(database, tf, seconds=0.05, stats=stats)
+    lengths = [len(v) for k, v in raw_items(db / "ILSVRC-train.lmdb") if is_record_key(k)]
+    assert stats["records"] == database.num_records == len(lengths)
+    assert stats["sample_mean_bytes"] == pytest.approx(sum(lengths) / len(lengths), abs=0.1)
 
 
 @pytest.mark.parametrize("argv, needle", [
