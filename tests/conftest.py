@@ -78,3 +78,41 @@ def assert_extents_match(path) -> None:
     data = path.read_bytes()
     want = [v for k, v in raw_items(path) if k != META_KEY]
     assert [data[o:o + n] for o, n in ext.tolist()] == want
+
+
+def resident_fraction(path) -> float:
+    """The share of ``path``'s pages in the page cache (mincore on a mapping that
+    touches none of them)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    try:
+        vec = ctypes.create_string_buffer(pages)
+        assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        return sum(b & 1 for b in vec.raw) / pages
+    finally:
+        libc.munmap(addr, size)
+
+
+def skip_unless_pages_can_be_dropped(tmp_path) -> None:
+    """Skip on a file system that keeps a synced file's pages after fadvise(DONTNEED)
+    (tmpfs): page-cache tests cannot see anything there."""
+    probe = tmp_path / "probe"
+    with open(probe, "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if resident_fraction(probe) > 0.5:
+        pytest.skip(f"{tmp_path} keeps written pages cached after fadvise(DONTNEED) (tmpfs?)")

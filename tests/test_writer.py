@@ -11,7 +11,8 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from conftest import assert_extents_match, raw_items, read_records
+from conftest import (assert_extents_match, raw_items, read_records, resident_fraction,
+                      skip_unless_pages_can_be_dropped)
 from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
                        scan_class_tree, write_split)
 from seqloader.cli import main as cli
@@ -316,31 +317,6 @@ def test_restart_markers_without_jpegtran_is_a_clear_error(monkeypatch, synth_tr
     assert not (tmp_path / "o" / "ILSVRC-train.lmdb").exists()
 
 
-def _resident_fraction(path) -> float:
-    """The share of ``path``'s pages in the page cache (mincore on a mapping that
-    touches none of them)."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size = os.path.getsize(path)
-    pages = -(-size // mmap.PAGESIZE)
-    with open(path, "rb") as f:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
-    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
-    try:
-        vec = ctypes.create_string_buffer(pages)
-        assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
-        return sum(b & 1 for b in vec.raw) / pages
-    finally:
-        libc.munmap(addr, size)
-
-
 def test_written_records_leave_the_page_cache(tmp_path):
     """NOTE [ drop-behind ]: a written database's record pages are not left in the
     page cache (it would flood it on a 140 GB split), and the file still reads and
@@ -348,14 +324,7 @@ def test_written_records_leave_the_page_cache(tmp_path):
     from seqloader.synth import make_synthetic_imagenet
     from seqloader.verify import verify_database
 
-    probe = tmp_path / "probe"
-    with open(probe, "wb") as f:  # a file system whose pages cannot be dropped (tmpfs)?
-        f.write(os.urandom(1 << 20))
-        f.flush()
-        os.fsync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    if _resident_fraction(probe) > 0.5:
-        pytest.skip(f"{tmp_path} keeps written pages cached after fadvise(DONTNEED) (tmpfs?)")
+    skip_unless_pages_can_be_dropped(tmp_path)
     tree = _quiet(make_synthetic_imagenet, tmp_path / "src", classes=3, per_class=20,
                   val_per_class=0, seed=3, odd_fraction=0, bad=0, size="imagenet",
                   progress=False)
@@ -364,7 +333,7 @@ def test_written_records_leave_the_page_cache(tmp_path):
     # three commits: each one's records are dropped once it is synced
     _quiet(write_split, scan, out, "train", _opts(commit_bytes=1 << 21))
     assert out.stat().st_size > 2 << 20
-    assert _resident_fraction(out) < 0.2
+    assert resident_fraction(out) < 0.2
     assert verify_database(out, progress=False).ok
     assert [r.label for _, r in read_records(out)] == [
         int(scan.labels[i]) for i in write_order(len(scan), seed=0, shuffle=True)]
