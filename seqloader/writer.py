@@ -19,9 +19,9 @@ Once a commit is on disk (LMDB syncs every commit), the writer tells the kernel 
 will not read those records' pages again (``posix_fadvise(DONTNEED)`` over the
 whole pages inside the span of the commit's records; the meta pages at the start
 of the file are never in it, and a B-tree page in it that LMDB needs again is read
-back).  Writing a 140 GB
-split would otherwise fill the page cache with output nobody reads soon, evicting
-what other jobs on the host -- a training run, say -- have cached.  It is also
+back).  Writing a 140 GB split would otherwise fill the page cache with output
+nobody reads soon, evicting what other jobs on the host -- a training run, say --
+have cached.  It is also
 cheaper: the next commit's pages are allocated from the ones just freed instead of
 fresh memory.  On this benchmark VM, whose never-touched memory costs a hypervisor
 fault on first use, the commit thread's CPU for a 1 GB split fell from ~2.9 to
@@ -49,9 +49,9 @@ from tqdm import tqdm
 
 from . import __version__
 from .database import Database, close_env, open_env, read_meta
-from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY, FormatError, Meta,
-                     Record, chain_checksum, encode_key, pack_meta, pack_record, record_digest,
-                     shard_path)
+from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY,
+                     FormatError, Meta, Record, chain_checksum, encode_key, pack_meta,
+                     pack_record, record_digest, shard_path)
 from .pages import address, map_base, unmap
 from .images import JPEGTRAN_HELP, prepare_image
 from .pool import ordered_map, ordered_process_map
