@@ -76,7 +76,7 @@ def main() -> int:
             row["pct_of_concurrent"] = round(100 * row["pipeline"] / row["limit_concurrent"], 1)
             print(json.dumps(row), flush=True)
             rounds.append(row)
-    med = {d: {k: statistics.median(x[k] for x in rounds if x["db"] == d)
+    med = {d: {k: round(statistics.median(x[k] for x in rounds if x["db"] == d), 1)
                for k in ("pct_of_single_x2", "pct_of_concurrent", "pipeline", "limit_single_x2")}
            for d in dbs}
     doc = {"rounds": rounds, "median": med, "command": " ".join(sys.argv)}
