@@ -41,7 +41,8 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-ids", type=int, nargs="+", metavar="K",
                    help="write only these shards (0-based), e.g. one per machine")
     p.add_argument("--workers", type=int, default=d.workers,
-                   help="threads reading and checking source files (%(default)s)")
+                   help="parallel work on source files (%(default)s): reading threads with "
+                        "--no-verify, else decode processes (at most cores + 1)")
     p.add_argument("--no-paths", action="store_true", help="do not store source paths in records")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
