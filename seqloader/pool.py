@@ -51,7 +51,8 @@ class _InArena(tuple):
 
 
 #: arena id -> its slots (shared anonymous mappings).  Set before the workers fork, so
-#: they inherit the mappings: nothing has a name, nothing can leak in /dev/shm.
+#: they inherit the mappings: nothing has a name, nothing can leak in /dev/shm.  An
+#: entry lives as long as its map.
 _ARENAS: dict[int, list] = {}
 _arena_ids = itertools.count()
 
@@ -130,8 +131,9 @@ def ordered_process_map(fn: Callable[[T], R], items: Iterable[T], *, workers: in
         with forking_single_threaded("fork"):
             ex = ProcessPoolExecutor(workers, mp.get_context("fork"), initializer=prepare_worker)
             ex.submit(int).result()  # start every worker now, single-threaded
-    finally:
-        _ARENAS.pop(arena, None)  # the workers have their copy of the mappings
+    except BaseException:
+        _ARENAS.pop(arena, None)
+        raise
     free = list(range(len(slots)))
     pending: collections.deque[tuple[Future[list[R]], int]] = collections.deque()
     it = iter(items)
@@ -152,5 +154,6 @@ def ordered_process_map(fn: Callable[[T], R], items: Iterable[T], *, workers: in
             yield from take()
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+        _ARENAS.pop(arena, None)  # kept until now: a worker forked late still finds it
         for m in slots:
             m.close()
