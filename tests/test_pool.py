@@ -7,7 +7,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from seqloader.pool import ordered_map, ordered_process_map
+from seqloader.pool import _ARENAS, ordered_map, ordered_process_map
 
 
 def _payload(i: int) -> bytes:
@@ -55,6 +55,7 @@ def test_process_map_raises_the_workers_error_with_its_traceback():
     with pytest.raises(ValueError, match="bad item 7") as info:
         list(ordered_process_map(_fail_on_7, range(40), workers=2, chunk=3))
     assert "_fail_on_7" in str(info.value.__cause__)  # the worker's traceback
+    assert not _ARENAS  # its slots are gone with it
 
 
 def test_process_map_reports_a_killed_worker_and_leaves_no_children():
@@ -67,7 +68,7 @@ def test_process_map_closed_early_stops_its_workers():
     gen = ordered_process_map(_work, range(10_000), workers=2, chunk=4)
     assert next(gen) == _expected(0)
     gen.close()
-    assert not mp.active_children()
+    assert not mp.active_children() and not _ARENAS
 
 
 def test_thread_map_keeps_order_and_raises_at_the_failing_item():
