@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="seqloader",
-    version="0.1.0",
+    version="0.2.0",
     description="Fast sequential ImageNet-scale data loading from LMDB for PyTorch",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",

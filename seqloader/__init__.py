@@ -5,7 +5,7 @@ torch (``Loader``, ``ImagenetLoader``) are
 imported on first use, so the preprocessing CLI starts without loading torch (13 s
 of start-up under hddsim).
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .dataflow import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
                        MapDataComponent, MultiProcessMapData)
