@@ -256,6 +256,20 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
 _CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
 
 
+_TRUNCATED = "truncated JPEG (no end-of-image marker)"
+
+
+def _undecodable(fmt: str) -> str:
+    return f"OpenCV cannot decode this {fmt.upper()} data"
+
+
+def _decode_check(data: bytes, fmt: str) -> str | None:
+    """The decode half of the check (NOTE [ decode check ]): a JPEG at 1/8 scale,
+    anything else in full; why it fails, or None."""
+    img = decode_bgr(data, _CHECK_FLAGS if fmt == "jpeg" else cv2.IMREAD_COLOR)
+    return _undecodable(fmt) if img is None or img.size == 0 else None
+
+
 def check_stored(data: bytes) -> str | None:
     """Why the stored image ``data`` would not decode, or None if it does: the same
     checks as the writer's (NOTE [ decode check ]: a JPEG must end with EOI and decode
@@ -263,15 +277,9 @@ def check_stored(data: bytes) -> str | None:
     if not data:
         return "empty image"
     fmt = sniff_format(data)
-    if fmt == "jpeg":
-        if not _has_jpeg_end(data):
-            return "truncated JPEG (no end-of-image marker)"
-        img = decode_bgr(data, _CHECK_FLAGS)
-    else:
-        img = decode_bgr(data)
-    if img is None or img.size == 0:
-        return f"OpenCV cannot decode this {fmt.upper()} data"
-    return None
+    if fmt == "jpeg" and not _has_jpeg_end(data):
+        return _TRUNCATED
+    return _decode_check(data, fmt)
 
 
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
@@ -303,7 +311,7 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     elif info[2] not in (1, 3):
         return Prepared(None, error=f"JPEG with {info[2]} colour components")
     if fmt == "jpeg" and verify and not _has_jpeg_end(data):
-        return Prepared(None, error="truncated JPEG (no end-of-image marker)")
+        return Prepared(None, error=_TRUNCATED)
     small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
     as_is = reason is None and (max_size is None or small_enough)
     if restart and as_is:  # the one jpegtran attempt for bytes stored as they are
@@ -313,12 +321,12 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
         return Prepared(data)
-    # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
-    bgr = decode_bgr(data, _CHECK_FLAGS if as_is else cv2.IMREAD_COLOR)
+    if as_is:  # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
+        why = _decode_check(data, fmt)
+        return Prepared(data) if why is None else Prepared(None, error=why)
+    bgr = decode_bgr(data, cv2.IMREAD_COLOR)
     if bgr is None or bgr.size == 0:
-        return Prepared(None, error=f"OpenCV cannot decode this {fmt.upper()} data")
-    if as_is:
-        return Prepared(data)
+        return Prepared(None, error=_undecodable(fmt))
     if max_size is not None and min(bgr.shape[:2]) > max_size:
         return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized")
     if reason is not None:
