@@ -140,7 +140,9 @@ def ordered_process_map(fn: Callable[[T], R], items: Iterable[T], *, workers: in
 
     def take() -> list[R]:
         fut, slot = pending.popleft()
-        out = _collect(fut.result(), slots) if arena is not None else fut.result()
+        if arena is None:
+            return fut.result()
+        out = _collect(fut.result(), slots)
         free.append(slot)
         return out
 
