@@ -52,7 +52,7 @@ from .database import Database, close_env, open_env, read_meta
 from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY,
                      FormatError, Meta, Record, chain_checksum, encode_key, pack_meta,
                      pack_record, record_digest, shard_path)
-from .pages import address, map_base, unmap
+from .pages import PAGE as _PAGE, address, map_base, unmap
 from .images import JPEGTRAN_HELP, prepare_image
 from .pool import ordered_map, ordered_process_map
 from .scan import Scan
@@ -141,7 +141,6 @@ def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
     return np.random.default_rng(np.random.SeedSequence([seed])).permutation(n)
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _ACTIVE: "_ShardWriter | None" = None  # the writer whose sources forked workers prepare
 
 

@@ -81,28 +81,12 @@ def assert_extents_match(path) -> None:
 
 
 def resident_fraction(path) -> float:
-    """The share of ``path``'s pages in the page cache (mincore on a mapping that
-    touches none of them)."""
-    import ctypes
-    import mmap
+    """The share of ``path``'s pages in the page cache (the benchmarks' mincore probe)."""
+    from seqloader.bench import residency
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    size = os.path.getsize(path)
-    pages = -(-size // mmap.PAGESIZE)
-    with open(path, "rb") as f:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
-    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
-    try:
-        vec = ctypes.create_string_buffer(pages)
-        assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
-        return sum(b & 1 for b in vec.raw) / pages
-    finally:
-        libc.munmap(addr, size)
+    share = residency([path])
+    assert share is not None, f"mincore cannot see {path}"
+    return share
 
 
 def skip_unless_pages_can_be_dropped(tmp_path) -> None:
