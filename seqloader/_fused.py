@@ -57,7 +57,7 @@ just those segments -- in each band of rows the chosen segments are one contiguo
 of bytes -- with the frame size patched and the markers renumbered from RST0 (decoders
 check the sequence).  Pixels are bit-identical to a full decode (tested at every scale
 and chroma layout; each margin mutation-checked).  ``preprocess --restart-markers``
-adds such markers losslessly (``jpegtran -restart <m>B``, m ~ 4 MCUs: 64 px).
+adds such markers losslessly (``jpegtran -restart <m>B -optimize``, m ~ 4 MCUs: 64 px).
 Measured (``benchmarks/transforms_bench.py --restart-markers``): a random crop's
 segments hold ~50-65 % of an image's pixels; on 2000x1500 photos at 224 px the pipeline
 is 2.03-2.33x the plain path on the original files (1.52-1.75x without markers); on
