@@ -85,7 +85,8 @@ JSON (``--json``; the only thing printed to stdout)::
                   cannot inflate), "major_faults" (page faults served from disk in the
                   window, machine-wide), "sample_records", "sample_mean_bytes",
                   "data_mean_bytes" (cpu-limit: the records it decoded in memory, their
-                  mean size and the data's, NOTE [ a representative sample ])
+                  mean size and the data's, NOTE [ a representative sample ]), "io"
+                  (seqloader rows: "buffered" or "direct", how ``--io`` resolved)
                   [, "leftover_processes"]}, ...],
      "quality": null | {"seqloader": [{"workers", "distinct_ratio",
                                        "epoch_correlation", "batch_size",
@@ -136,7 +137,7 @@ RESULT_KEYS = ("loader", "mode", "workers", "batch_size", "images", "batches", "
                "evicted", "resident_before", "pipeline", "stopped", "warmup_batches", "epochs",
                "per_process_images_per_s", "scale", "rehearsal_first_batch_s",
                "disk_mb_per_s", "major_faults", "sample_records", "sample_mean_bytes",
-               "data_mean_bytes")
+               "data_mean_bytes", "io")
 _SAMPLE = 100
 _RESIDENCY_FILES = 2000
 _DIRTY_S = 120
@@ -671,7 +672,8 @@ def _storage(path: str | Path) -> dict[str, Any]:
             for d in (sysdev, os.path.dirname(sysdev)):
                 rot = os.path.join(d, "queue", "rotational")
                 if os.path.exists(rot):
-                    out["rotational"] = open(rot).read().strip() == "1"
+                    with open(rot) as f:
+                        out["rotational"] = f.read().strip() == "1"
                     break
     except OSError:
         pass
@@ -975,7 +977,7 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         def make():
             ld = Loader(src.db_path, args.split, transform, batch_size=B, shuffle=True,
                         num_workers=workers, cache=args.cache, seed=args.seed,
-                        start_method=args.start_method)
+                        start_method=args.start_method, io=args.io)
             holder["it"] = _Epochs(ld)
             return holder["it"]
 
@@ -999,6 +1001,11 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         pipeline = "raw read" if mode == "raw" else "decode+transform"
     row: dict[str, Any] = {"loader": loader, "mode": mode, "workers": workers, "batch_size": B,
                            "cold": bool(args.cold), "evicted": None, "resident_before": None}
+    if loader == "seqloader":
+        from .direct import choose
+
+        row["io"] = "direct" if choose(args.io, sum(os.path.getsize(p) for p in src.db.paths)) \
+            else "buffered"
     paths = src.data_paths(loader)
     if args.cold and not args.no_rehearsal:
         rehearsal = measure(make, batches=1, warmup=0, count=count, progress=False)
@@ -1265,6 +1272,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=int, default=DEFAULT_CACHE,
                    help="seqloader's shuffle buffer in records, the Loader's cache= (%(default)s)")
     p.add_argument("--seed", type=int, default=0, help="shuffle/augmentation seed (%(default)s)")
+    p.add_argument("--io", choices=("auto", "buffered", "direct"), default="auto",
+                   help="seqloader's reads: through the page cache or direct I/O, the Loader's "
+                        "io= (%(default)s: direct for databases larger than half the RAM)"),
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),
                    help="worker start method for both loaders (default: the platform's)")
     p.add_argument("--cold", action="store_true",

@@ -70,17 +70,18 @@ class LMDBData(DataFlow):
     Yields ``[image_bytes, label]`` per record.  Each epoch walks the file in
     contiguous chunks of ``chunk_size`` records, in an order drawn from
     (``seed``, epoch) when ``shuffle`` (file order otherwise); ``rank``/``world_size``
-    take disjoint slices (equal sizes when ``even``).  Reentrant: no.  Fork-safe:
+    take disjoint slices (equal sizes when ``even``).  ``io``: page cache or direct
+    I/O, see :class:`~seqloader.reader.RangeReader`.  Reentrant: no.  Fork-safe:
     before ``reset_state`` only.
     """
 
     def __init__(self, path: str | Path, split: str | None = None, *, shuffle: bool = False,
                  chunk_size: int = 1024, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 even: bool = False, prefetch_bytes: int = 128 << 20):
+                 even: bool = False, prefetch_bytes: int = 128 << 20, io: str = "auto"):
         self.db = open_database(path, split)
         self.shuffle, self.chunk_size, self.seed = shuffle, chunk_size, seed
         self.rank, self.world_size, self.even = rank, world_size, even
-        self.prefetch_bytes = prefetch_bytes
+        self.prefetch_bytes, self.io = prefetch_bytes, io
         self.epoch = 0
         self._reader: RangeReader | None = None
 
@@ -93,7 +94,7 @@ class LMDBData(DataFlow):
 
     def reset_state(self) -> None:
         if self._reader is None:
-            self._reader = RangeReader(self.db, prefetch_bytes=self.prefetch_bytes)
+            self._reader = RangeReader(self.db, prefetch_bytes=self.prefetch_bytes, io=self.io)
 
     def __iter__(self) -> Iterator[list]:
         if self._reader is None:

@@ -69,10 +69,11 @@ class Feeder:
     (and one thread at a time): it opens LMDB on first use."""
 
     def __init__(self, db: Database, *, seed: int, rank: int, shuffle: bool, cache: int,
-                 warmup: int, prefetch_bytes: int = 128 << 20, fault_in: bool = True):
+                 warmup: int, prefetch_bytes: int = 128 << 20, fault_in: bool = True,
+                 io: str = "auto"):
         self.db, self.seed, self.rank = db, seed, rank
         self.shuffle, self.cache, self.warmup = shuffle, cache, warmup
-        self.reader = RangeReader(db, prefetch_bytes=prefetch_bytes, fault_in=fault_in)
+        self.reader = RangeReader(db, prefetch_bytes=prefetch_bytes, fault_in=fault_in, io=io)
 
     def records(self, epoch: int, ranges: Sequence[tuple[int, int]], skip: int = 0,
                 eager: int = 0, stop: Any = None) -> Iterator[tuple[int, memoryview]]:

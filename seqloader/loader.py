@@ -16,6 +16,7 @@ import torch
 
 from .database import Database, close_env, open_database, open_env
 from .format import unpack_record, encode_key
+from .direct import choose as choose_io
 from .feeder import Feeder
 from .parallel import WorkerPool
 from .plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, num_batches, plan_epoch
@@ -52,7 +53,11 @@ class Loader:
     garbage collection and exit.
 
     Memory: ``cache`` records of encoded JPEGs held as page cache (not private
-    copies), plus ``num_workers * prefetch`` batch buffers in shared memory.
+    copies), plus ``num_workers * prefetch`` batch buffers in shared memory.  With
+    direct I/O (``io="direct"``, or ``"auto"`` -- the default -- for a database larger
+    than half the RAM; NOTE [ direct I/O ] in :mod:`seqloader.direct`) the records are
+    read around the page cache and the ``cache`` records are private memory instead,
+    plus a ``prefetch_bytes`` read-ahead ring.
     """
 
     def __init__(self, imagenet_dir: str | Path, mode: str = "train",
@@ -64,7 +69,7 @@ class Loader:
                  world_size: int | None = None, target_transform: Callable | None = None,
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
-                 prefetch_bytes: int = 128 << 20):
+                 prefetch_bytes: int = 128 << 20, io: str = "auto"):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if cache < 1:
@@ -90,6 +95,8 @@ class Loader:
         self.prefetch, self.timeout = prefetch, timeout
         self.persistent_workers, self.start_method = persistent_workers, start_method
         self.warmup, self.prefetch_bytes = warmup, prefetch_bytes
+        choose_io(io, 0)  # validate now, not in the first iteration
+        self.io = io
         self._spec: ProducerSpec | None = None
         self._device_normalize = None
         self._pool: WorkerPool | None = None
@@ -108,7 +115,8 @@ class Loader:
         warmup = self.warmup if self.warmup is not None else min(self.cache, self.batch_size)
         common = dict(db=self.db, seed=self.seed, rank=self.rank, shuffle=self.shuffle,
                       cache=self.cache, warmup=warmup, batch_size=self.batch_size,
-                      target_transform=self.target_transform, prefetch_bytes=self.prefetch_bytes)
+                      target_transform=self.target_transform, prefetch_bytes=self.prefetch_bytes,
+                      io=self.io)
         if self.transform is None:
             self._spec = ProducerSpec(mode="raw", sample_shape=(0,), sample_dtype="uint8", **common)
             return self._spec
@@ -180,7 +188,7 @@ class Loader:
         if self._feeder is None:
             self._feeder = Feeder(self.db, seed=spec.seed, rank=spec.rank, shuffle=spec.shuffle,
                                   cache=spec.cache, warmup=spec.warmup,
-                                  prefetch_bytes=spec.prefetch_bytes,
+                                  prefetch_bytes=spec.prefetch_bytes, io=spec.io,
                                   fault_in=spec.mode == "raw" or self.num_workers == 0)
         try:
             for j, n, (labels, samples), raw, slot in self._batches(spec, plan, first):

@@ -59,6 +59,7 @@ class ProducerSpec:
     sample_shape: tuple[int, ...] = ()
     sample_dtype: str = "float32"
     prefetch_bytes: int = 128 << 20
+    io: str = "auto"
 
     @property
     def sample_nbytes(self) -> int:

@@ -28,11 +28,13 @@ import os
 import queue
 import threading
 import time
+import warnings
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .database import Database, close_env, open_env
+from .direct import DirectStream, Part, choose, open_direct
 from .format import EXTENT_DTYPE, FormatError, Meta, encode_key, meta_extents
 
 __all__ = ["RangeReader"]
@@ -78,6 +80,7 @@ class _Shard:
 
     def __init__(self, path: str, meta: Meta, readahead: bool):
         self.path = path
+        self.fd_direct: int | None = None  # opened by RangeReader in direct mode
         self.fd = os.open(path, os.O_RDONLY)  # the readahead thread's
         self.fd_through = os.open(path, os.O_RDONLY)  # the cursor's (own readahead state)
         self.size = os.fstat(self.fd).st_size
@@ -166,8 +169,14 @@ class _Shard:
             except BufferError:  # values still referenced: the map goes with the last one
                 pass
             self.map = None
+        self.close_direct()
         os.close(self.fd)
         os.close(self.fd_through)
+
+    def close_direct(self) -> None:
+        if self.fd_direct is not None:
+            os.close(self.fd_direct)
+            self.fd_direct = None
 
 
 def _resident(addr: int, n: int, vec: ctypes.Array) -> bool:
@@ -276,14 +285,20 @@ class RangeReader:
     Opens its LMDB environments on first use, in the calling process: create it
     anywhere, but use it only in the process that reads (not fork-safe once used).
     Yields ``(global index, value)`` where ``value`` is a read-only memoryview into the
-    file's map, valid until :meth:`close`.  Not thread-safe.
+    file's map, valid until :meth:`close` -- or, with direct I/O, of a private copy
+    (NOTE [ direct I/O ]; ``io`` is ``"auto"``, ``"buffered"`` or ``"direct"``, see
+    :func:`seqloader.direct.choose`; files without record extents, or on a file system
+    without ``O_DIRECT``, are always read buffered).  Not thread-safe.
     """
 
     def __init__(self, db: Database, *, prefetch_bytes: int = 128 << 20, readahead: bool = True,
-                 fault_in: bool = True):
+                 fault_in: bool = True, io: str = "auto"):
         self.db = db
         self.prefetch_bytes = prefetch_bytes
         self.readahead = readahead
+        self.io = io
+        self.direct = choose(io, sum(os.path.getsize(p) for p in db.paths))  # (validates io)
+        self._stream: DirectStream | None = None
         self._offsets = list(db.offsets)
         self._shards: list[_Shard] | None = None
         self._prefetcher: _Prefetcher | None = None
@@ -312,7 +327,28 @@ class RangeReader:
                     sh.close()
                 raise
             self._shards = shards
+            if self.direct:
+                self._open_direct(shards)
         return self._shards
+
+    def _open_direct(self, shards: list[_Shard]) -> None:
+        """Open every shard for direct I/O, or fall back to buffered reads for all."""
+        why = next((f"{sh.path} has no record extents (an older file)" for sh in shards
+                    if sh.extents is None), None)
+        for sh in shards:
+            if why is None:
+                sh.fd_direct = open_direct(sh.path)
+                if sh.fd_direct is None:
+                    why = f"the file system of {sh.path} does not support O_DIRECT"
+        if why is None:
+            self._stream = DirectStream(self.prefetch_bytes)
+            return
+        for sh in shards:
+            sh.close_direct()
+        self.direct = False
+        if self.io == "direct":
+            warnings.warn(f"io='direct': {why}; reading through the page cache instead",
+                          stacklevel=4)
 
     def _split(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
         """Global ranges -> (shard, local start, local stop), cut at shard boundaries."""
@@ -342,6 +378,9 @@ class RangeReader:
         """Yield every record of ``ranges`` in order (finite; one pass)."""
         shards = self._open()
         parts = self._split(ranges)
+        if self.direct:
+            yield from self._read_direct(shards, parts)
+            return
         window = self.prefetch_bytes
         pref = self._prefetcher
         if window and pref is None:
@@ -434,6 +473,25 @@ class RangeReader:
             if sh.base is not None:
                 _unmap(sh.base, sh.size)
 
+    def _read_direct(self, shards: list[_Shard], parts: list[tuple[int, int, int]]
+                     ) -> Iterator[tuple[int, memoryview]]:
+        """``read`` with direct I/O (NOTE [ direct I/O ]): one stream over all parts, so
+        the disk never waits at a part's boundary."""
+        def described() -> Iterator[Part]:
+            for s, a, b in parts:
+                if b > a:
+                    sh = shards[s]
+                    spans, ids = sh.spans(a, b)
+                    yield Part(sh.path, sh.fd_direct, spans, ids, sh.offsets[a:b], sh.lengths[a:b])
+
+        indices = (self._offsets[s] + local for s, a, b in parts for local in range(a, b))
+        stream = self._stream.read(described())
+        try:
+            for index, value in zip(indices, stream):
+                yield index, value
+        finally:
+            stream.close()
+
     def _read_through(self, sh: "_Shard", value: memoryview, end: int) -> None:
         """Bring ``value``'s bytes (ending at file offset ``end``) into the page cache now,
         in file order, with ``pread`` -- which releases the GIL while it waits for the
@@ -481,9 +539,12 @@ class RangeReader:
         The values stay valid (touching them again is a minor fault from the page cache)."""
         if _LIBC is None:
             return
+        maps = [(sh.base, sh.base + sh.size) for sh in self._shards or () if sh.base is not None]
         for v in values:
             if len(v):
                 addr = _address(v)
+                if not any(lo <= addr < hi for lo, hi in maps):
+                    continue  # a private copy (direct I/O): not ours to unmap
                 start = addr & ~(_PAGE - 1)
                 _unmap(start, addr + len(v) - start)
 
@@ -492,6 +553,9 @@ class RangeReader:
         if self._prefetcher is not None:
             self._prefetcher.stop()
             self._prefetcher = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         if self._shards is not None:
             for sh in self._shards:
                 sh.close()
