@@ -206,9 +206,14 @@ class DirectStream:
         try:
             p = 0
             while True:
-                fill()
+                while not known and not exhausted:
+                    # blocks of parts already consumed (those of a record that was read on
+                    # its own can still be queued after its part's end) make room
+                    while inflight and inflight[0][0] < p:
+                        recycle()
+                    fill()
                 if not known:
-                    return  # (`fill` has run `requests` to its end)
+                    return
                 part = known.popleft()
                 ids = part.ids
                 for k in range(len(part.offsets)):
@@ -243,7 +248,7 @@ class DirectStream:
                         data = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
                     del pieces
                     yield memoryview(data)
-                while inflight and inflight[0][0] == p:  # the part's tail
+                while inflight and inflight[0][0] <= p:  # the part's tail
                     recycle()
                 p += 1
         finally:

@@ -74,6 +74,7 @@ class Loader:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if cache < 1:
             raise ValueError(f"cache (shuffle buffer, in records) must be >= 1, got {cache}")
+        choose_io(io, 0)  # (validates io now, not in the first iteration)
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
         p = Path(imagenet_dir)
@@ -95,7 +96,6 @@ class Loader:
         self.prefetch, self.timeout = prefetch, timeout
         self.persistent_workers, self.start_method = persistent_workers, start_method
         self.warmup, self.prefetch_bytes = warmup, prefetch_bytes
-        choose_io(io, 0)  # validate now, not in the first iteration
         self.io = io
         self._spec: ProducerSpec | None = None
         self._device_normalize = None

@@ -3,45 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import types
-import warnings
 
-import cv2
 import numpy as np
 import pytest
 import torch
 
 import seqloader.transforms as T
-from seqloader import Loader, WriteOptions, preprocess
+from seqloader import Loader
 from seqloader.database import Database, close_env, open_database, open_env
 from seqloader.format import EXTENT_DTYPE, META_KEY, FormatError, encode_key
 from seqloader.producer import ProducerSpec
 from seqloader.reader import RangeReader
 
 from conftest import assert_extents_match, raw_items
-
-
-def _noise_jpeg(path, side, seed):
-    img = np.random.default_rng(seed).integers(0, 256, (side, side, 3), np.uint8)
-    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
-    assert ok
-    path.write_bytes(buf.tobytes())
-
-
-@pytest.fixture(scope="module")
-def big_db(tmp_path_factory):
-    """~25 MB: 2 classes x 60 noise JPEGs of ~170 KB, plus one of ~4 MB."""
-    root = tmp_path_factory.mktemp("bigtree")
-    for c in range(2):
-        d = root / "train" / f"n{c:08d}"
-        d.mkdir(parents=True)
-        for i in range(60):
-            _noise_jpeg(d / f"img_{i}.JPEG", 400, 100 * c + i)
-    _noise_jpeg(root / "train" / "n00000001" / "huge.JPEG", 1400, 7)
-    out = tmp_path_factory.mktemp("biglmdb")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        preprocess(root, out, options=WriteOptions(progress=False, workers=2))
-    return open_database(out / "ILSVRC-train.lmdb")
 
 
 def _mapped_kb(path) -> int:
