@@ -41,7 +41,8 @@ import numpy as np
 
 from .format import FormatError
 
-__all__ = ["IO_MODES", "DirectStream", "Part", "choose", "open_direct", "physical_memory"]
+__all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
+           "physical_memory"]
 
 IO_MODES = ("auto", "buffered", "direct")
 #: O_DIRECT needs offsets, lengths and buffer addresses aligned to the device's logical
@@ -51,18 +52,55 @@ ALIGN = 4096
 READ_TIMEOUT = 120.0
 
 
-def physical_memory() -> int:
-    """Bytes of physical memory (0 when unknown)."""
+def physical_memory(root: str = "/") -> int:
+    """Bytes of memory this process may fill with page cache: the physical memory, or
+    its cgroup's limit when lower (a SLURM job or container is charged for the page
+    cache its reads fill, so there the limit is what matters).  0 when unknown."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 0
+        total = 0
+    limit = cgroup_memory_limit(root)
+    if limit and (not total or limit < total):
+        return limit
+    return total
+
+
+def cgroup_memory_limit(root: str = "/") -> int | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max`` or v1
+    ``memory.limit_in_bytes``), None when there is none; ``root`` for tests."""
+    try:
+        with open(os.path.join(root, "proc/self/cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            candidate = os.path.join(root, "sys/fs/cgroup", path.lstrip("/"), "memory.max")
+        elif "memory" in controllers.split(","):
+            candidate = os.path.join(root, "sys/fs/cgroup/memory", path.lstrip("/"),
+                                     "memory.limit_in_bytes")
+        else:
+            continue
+        try:
+            with open(candidate) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < 1 << 60:  # "max" / ~2^63: no limit
+            return int(value)
+    return None
 
 
 def choose(io: str, total_bytes: int, memory: int | None = None) -> bool:
     """Whether to read with direct I/O: ``io`` is ``"direct"``, or ``"auto"`` and the
-    database (``total_bytes``) is larger than half of ``memory`` (default: physical
-    memory), so the page cache could not keep it from one epoch to the next anyway."""
+    database (``total_bytes``) is larger than half of ``memory`` (default:
+    :func:`physical_memory`, which honours a cgroup limit), so the page cache could not
+    keep it from one epoch to the next anyway."""
     if io not in IO_MODES:
         raise ValueError(f"io must be one of {', '.join(map(repr, IO_MODES))}, got {io!r}")
     if io != "auto":
@@ -117,7 +155,9 @@ class DirectStream:
     copy (NOTE [ direct I/O ]).  ``depth`` reads run at once in background threads
     (the GIL is released while they wait), ``window`` bytes at most are read ahead.
     One pass at a time; not thread-safe; create it in the process that reads (the
-    threads are started on first use).  :meth:`close` waits for reads in flight."""
+    threads are started on first use; the ring is not inherited by forked children).
+    A pass that ends or is closed early waits for (or cancels) its reads in flight, each
+    wait bounded by :data:`READ_TIMEOUT`."""
 
     def __init__(self, window: int = 128 << 20, block: int = 16 << 20, depth: int = 2):
         if block <= 0 or block % ALIGN:
@@ -198,7 +238,9 @@ class DirectStream:
             fut = r[5]
             if fut is not None and not fut.cancel():
                 try:
-                    fut.result()  # never hand out a buffer a read is still filling
+                    fut.result(timeout=READ_TIMEOUT)  # never reuse a buffer still being filled
+                except _FutureTimeout:
+                    return  # a hung read keeps its buffer: the ring shrinks by one
                 except Exception:  # noqa: BLE001 - its bytes are not used
                     pass
             free.append(r[4])
@@ -256,8 +298,10 @@ class DirectStream:
                 recycle()
 
     def close(self) -> None:
+        """Stop the read threads (a read in flight finishes in the background; a pass's
+        own reads were already waited for when it ended) and free the ring."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         for view in self._free:
             view.release()

@@ -17,7 +17,9 @@ The cursor also faults each value's pages in as it passes them (in file order):
 records are consumed later, in shuffled order, and faulting them only then makes
 random 4 KiB reads the kernel cannot read ahead.  Values are memoryviews into the
 map: the page cache holds the bytes and the process no private copy (a shuffle
-buffer of records is page cache the kernel can reclaim).
+buffer of records is page cache the kernel can reclaim).  In direct mode the same
+spans are read around the page cache instead (:mod:`seqloader.direct`, NOTE [ direct
+I/O ]): values are then private copies.
 """
 from __future__ import annotations
 

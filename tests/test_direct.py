@@ -8,6 +8,7 @@ import functools
 import os
 import shutil
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -105,7 +106,10 @@ def test_breaking_off_and_closing_leave_no_reads_or_threads(big_db, monkeypatch)
     assert len(stream._free) == stream.nbuf
     assert [bytes(v) for _, v in r.read([(10, 20)])] == want[10:20]  # a new pass is clean
     r.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("seqloader-direct")]
+    deadline = time.monotonic() + 10  # idle threads leave as soon as they see the shutdown
+    while [t for t in threading.enumerate() if t.name.startswith("seqloader-direct")]:
+        assert time.monotonic() < deadline, "direct-I/O threads outlived close()"
+        time.sleep(0.01)
 
 
 def test_a_file_truncated_while_read_is_a_clear_error(big_db, tmp_path, monkeypatch):
@@ -150,6 +154,29 @@ def test_choose():
     assert not direct.choose("auto", 100 * gib, memory=0)  # unknown memory: the safe path
     with pytest.raises(ValueError, match=r"io must be one of 'auto', 'buffered', 'direct', got 'odirect'"):
         direct.choose("odirect", 1)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_auto_honours_a_cgroup_memory_limit(tmp_path, version):
+    """A SLURM job or container is charged for the page cache it fills: auto compares the
+    database with the job's limit, not with the node's RAM."""
+    gib = 1 << 30
+    (tmp_path / "proc/self").mkdir(parents=True)
+    if version == 2:
+        (tmp_path / "proc/self/cgroup").write_text("0::/slurm/job_7\n")
+        d = tmp_path / "sys/fs/cgroup/slurm/job_7"
+        d.mkdir(parents=True)
+        (d / "memory.max").write_text(f"{16 * gib}\n")
+    else:
+        (tmp_path / "proc/self/cgroup").write_text("5:cpu,cpuacct:/a\n4:memory:/slurm/job_7\n")
+        d = tmp_path / "sys/fs/cgroup/memory/slurm/job_7"
+        d.mkdir(parents=True)
+        (d / "memory.limit_in_bytes").write_text(f"{16 * gib}\n")
+    assert direct.cgroup_memory_limit(str(tmp_path)) == 16 * gib
+    assert direct.physical_memory(str(tmp_path)) == min(16 * gib, direct.physical_memory("/nonexistent"))
+    (d / ("memory.max" if version == 2 else "memory.limit_in_bytes")).write_text(
+        "max\n" if version == 2 else "9223372036854771712\n")
+    assert direct.cgroup_memory_limit(str(tmp_path)) is None
 
 
 def test_loader_rejects_an_unknown_io_mode(big_db):

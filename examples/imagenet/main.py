@@ -56,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--image-size", default=224, type=int)
     p.add_argument("--max-iters", default=0, type=int, help="end each epoch after N iterations")
     p.add_argument("--cache", default=5000, type=int, help="seqloader shuffle buffer (records)")
+    p.add_argument("--io", default="auto", choices=["auto", "buffered", "direct"],
+                   help="seqloader reads: page cache or O_DIRECT (auto: direct for data larger "
+                        "than half the RAM)")
     p.add_argument("--gpu-normalize", action="store_true", help="ship uint8, normalise on the device")
     p.add_argument("--checkpoint-dir", default=".")
     p.add_argument("--save-every", default=0, type=int, help="also checkpoint every N iterations")
@@ -242,9 +245,10 @@ class Run:
             #     train_dataset, batch_size=args.batch_size, shuffle=(train_sampler is None),
             #     num_workers=args.workers, pin_memory=True, sampler=train_sampler)
             train_loader = Loader(args.data, 'train', imagenet_transforms, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-                                  cache=args.cache, seed=args.seed, pin_memory=cuda, **fast)
+                                  cache=args.cache, seed=args.seed, pin_memory=cuda, io=args.io, **fast)
             val_loader = Loader(args.data, 'val', val_transforms, batch_size=args.batch_size,
-                                shuffle=False, num_workers=args.workers, pin_memory=cuda, **fast)
+                                shuffle=False, num_workers=args.workers, pin_memory=cuda,
+                                io=args.io, **fast)
             num_classes, self.sampler = len(train_loader.db.classes), None
         else:
             train_set = ImageFolder(os.path.join(args.folder_data, "train"), imagenet_transforms)
