@@ -40,6 +40,17 @@ def _json_out(cmd: list[str]) -> dict:
     return json.loads(out[out.index("{"):])
 
 
+def bench_command(data: str, db: str) -> list[str]:
+    """``seqloader.bench`` on ``data/db``: the issue's 2 workers, batch 256, JSON out."""
+    return [sys.executable, "-m", "seqloader.bench", str(Path(data) / db), "--loader",
+            "seqloader", "--workers", "2", "--batch-size", "256", "--json", "--no-progress"]
+
+
+def cpu_limit(bench: list[str]) -> dict:
+    """The CPU-limit row (one process over records in memory, x 2 cores) of ``bench``."""
+    return _json_out(bench + ["--mode", "cpu-limit", "--seconds", "5"])["results"][0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="/work/bench-data")
@@ -58,10 +69,8 @@ def main() -> int:
     rounds = []
     for r in range(args.rounds):
         for d in dbs:
-            bench = [sys.executable, "-m", "seqloader.bench", str(Path(args.data) / d),
-                     "--loader", "seqloader", "--workers", "2", "--batch-size", "256", "--json",
-                     "--no-progress"]
-            single = _json_out(bench + ["--mode", "cpu-limit", "--seconds", "5"])["results"][0]
+            bench = bench_command(args.data, d)
+            single = cpu_limit(bench)
             conc = _json_out([sys.executable, str(HERE / "hdd_compare.py"), "--cpu-limit-child",
                               "2", "--data", args.data, "--db", d])
             full = _json_out(bench + ["--mode", "full", "--seconds", str(args.seconds)])["results"][0]
@@ -80,18 +89,14 @@ def main() -> int:
                for k in ("pct_of_single_x2", "pct_of_concurrent", "pipeline", "limit_single_x2")}
            for d in dbs}
     doc = {"rounds": rounds, "median": med, "command": " ".join(sys.argv)}
-    out = HERE / "results"
     name = ("cpu_ratio" if dbs == ["lmdb-hdd"] else "cpu_ratio-" + "-".join(dbs)) + (
         f"-{args.tag}" if args.tag else "")
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["# Full pipeline vs the CPU limit, measured in alternation", "",
-             "`" + " ".join(["python", "benchmarks/cpu_ratio.py", *sys.argv[1:]]) + "` (see its "
-             "docstring): per round and database, the CPU limit (one process x 2 cores; and "
-             "2 processes at once), then the warm 2-worker full pipeline (`seqloader bench "
-             "--mode full`, batch 256).  The limits run over records held in memory; the "
-             "sample's mean size should match the data's (NOTE [ a representative sample ] "
-             "in `seqloader/bench.py`).", "",
-             "| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
+    intro = (": per round and database, the CPU limit (one process x 2 cores; and 2 processes "
+             "at once), then the warm 2-worker full pipeline (`seqloader bench --mode full`, "
+             "batch 256).  The limits run over records held in memory; the sample's mean size "
+             "should match the data's (NOTE [ a representative sample ] in "
+             "`seqloader/bench.py`).")
+    lines = ["| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
              "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB "
              "| limit sample: records, mean KB (data's mean KB) |",
              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -107,9 +112,19 @@ def main() -> int:
                      f"{m['pct_of_single_x2']} % of one process x 2 cores "
                      f"({m['limit_single_x2']:.0f}/s), {m['pct_of_concurrent']} % of 2 processes "
                      "at once.")
-    lines.append("")
-    (out / f"{name}.md").write_text("\n".join(lines))
+    save(name, doc, "Full pipeline vs the CPU limit, measured in alternation", intro, lines)
     return 0
+
+
+def save(name: str, doc: dict, title: str, intro: str, lines: list[str]) -> None:
+    """Write ``results/<name>.json`` (``doc``) and ``results/<name>.md``: ``title``, the
+    command that ran, ``intro``, then ``lines``."""
+    out = HERE / "results"
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    script = Path(sys.argv[0]).name
+    head = [f"# {title}", "", "`" + " ".join(["python", f"benchmarks/{script}", *sys.argv[1:]])
+            + "` (see its docstring)" + intro, ""]
+    (out / f"{name}.md").write_text("\n".join(head + lines + [""]))
 
 
 def _kb(nbytes: float | None) -> float | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from cpu_ratio import _json_out, _kb  # noqa: E402
+from cpu_ratio import _json_out, _kb, bench_command, cpu_limit, save  # noqa: E402
 
 HDDSIM = "/work/shared/tools/hddsim"
 WINDOWS = {"epoch": ["--warmup", "2", "--batches", "78"],
@@ -50,10 +50,8 @@ def main() -> int:
     rounds = []
     for r in range(args.rounds):
         for d in dbs:
-            bench = [sys.executable, "-m", "seqloader.bench", str(Path(args.data) / d),
-                     "--loader", "seqloader", "--workers", "2", "--batch-size", "256", "--json",
-                     "--no-progress"]
-            single = _json_out(bench + ["--mode", "cpu-limit", "--seconds", "5"])["results"][0]
+            bench = bench_command(args.data, d)
+            single = cpu_limit(bench)
             row = {"round": r + 1, "db": d, "time": time.strftime("%H:%M:%S"),
                    "limit": single["images_per_s"],
                    "limit_sample_mean_kb": _kb(single.get("sample_mean_bytes")),
@@ -76,15 +74,12 @@ def main() -> int:
                for k in ["limit"] + keys + [k + "_pct" for k in keys]} for d in dbs}
     doc = {"rounds": rounds, "median": med, "command": " ".join(sys.argv)}
     name = "hdd_ratio-" + "-".join(dbs) + (f"-{args.tag}" if args.tag else "")
-    (HERE / "results" / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["# Full pipeline under hddsim vs the CPU limit, measured in alternation", "",
-             "`" + " ".join(["python", "benchmarks/hdd_ratio.py", *sys.argv[1:]]) + "` (see its "
-             "docstring).  Limit: one process x 2 cores over records in memory.  Pipeline: "
-             "2 workers, batch 256, RandomResizedCrop(224)+flip+ToTensor+Normalize, under "
-             "hddsim (100 IO/s, 150 MiB/s), cold; `epoch` = the first epoch (shuffle-buffer "
-             "fill included), `steady` = batches 21-62.  Cells: images/s (% of the limit; "
-             "CPU % of one core; disk MB/s).", "",
-             "| round | database | time | limit | " + " | ".join(
+    intro = (".  Limit: one process x 2 cores over records in memory.  Pipeline: 2 workers, "
+             "batch 256, RandomResizedCrop(224)+flip+ToTensor+Normalize, under hddsim (100 IO/s, "
+             "150 MiB/s), cold; `epoch` = the first epoch (shuffle-buffer fill included), "
+             "`steady` = batches 21-62.  Cells: images/s (% of the limit; CPU % of one core; "
+             "disk MB/s).")
+    lines = ["| round | database | time | limit | " + " | ".join(
                  f"{io} {w}" for io in IOS for w in WINDOWS) + " | limit sample mean KB (data's) |",
              "| ---: | --- | --- | ---: | " + " | ".join("---:" for _ in keys) + " | --- |"]
     for x in rounds:
@@ -96,8 +91,8 @@ def main() -> int:
     for d, m in med.items():
         lines.append(f"Median, {d}: limit {m['limit']:.0f} images/s; " + "; ".join(
             f"{k.replace('_', ' ')} {m[k]:.0f} = {m[k + '_pct']} %" for k in keys) + ".")
-    lines.append("")
-    (HERE / "results" / f"{name}.md").write_text("\n".join(lines))
+    save(name, doc, "Full pipeline under hddsim vs the CPU limit, measured in alternation",
+         intro, lines)
     return 0
 
 
