@@ -13,7 +13,8 @@ Compares, over in-memory JPEG bytes (one thread, ``cv2.setNumThreads(1)``):
   fused_plain       fused_float with both off: the whole image at full scale
 
 With ``--restart-markers`` every JPEG is first transcoded as ``preprocess
---restart-markers`` stores it (lossless, ``jpegtran -restart 1``: NOTE [ restart windows ])
+--restart-markers`` stores it (lossless ``jpegtran -restart <m>B -optimize``: NOTE [ restart
+windows ])
 and two more methods run on the *original* bytes: ``orig_fused`` (fused_float) and
 ``orig_plain`` (fused_plain), so the table shows what the markers add and what they cost.
 
