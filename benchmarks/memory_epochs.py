@@ -150,13 +150,17 @@ def main() -> int:
     ap.add_argument("--cache", type=int, default=5000)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--wait", action="store_true")
+    ap.add_argument("--io", choices=("auto", "buffered", "direct"), default="auto",
+                    help="the Loader's io= (%(default)s); other than auto the results go to "
+                         "memory-<io>.md/.json")
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
-    out_json = RESULTS / "memory.json"
+    stem = "memory" if args.io == "auto" else f"memory-{args.io}"
+    out_json = RESULTS / f"{stem}.json"
     if args.report_only:
         doc = json.loads(out_json.read_text())
-        write_md(doc)
+        write_md(doc, stem)
         return 0
     db_dir = build(args)
 
@@ -179,7 +183,7 @@ def main() -> int:
     acct = CpuAccount()
     t_construct = time.perf_counter()
     loader = Loader(db_dir, "train", imagenet_train_transform(), batch_size=args.batch_size,
-                    shuffle=True, num_workers=args.workers, cache=args.cache)
+                    shuffle=True, num_workers=args.workers, cache=args.cache, io=args.io)
     spec = loader._producer_spec()
     db = loader.db
     mean_record = db.file_bytes / db.num_records
@@ -239,17 +243,18 @@ def main() -> int:
            "cpu_account": cpu_acct,
            "command": " ".join([sys.executable, *sys.argv])}
     out_json.write_text(json.dumps(doc, indent=2))
-    write_md(doc)
+    write_md(doc, stem)
     return 0
 
 
-def write_md(doc: dict) -> None:
+def write_md(doc: dict, stem: str = "memory") -> None:
     b, E = doc["bound"], doc["epochs"]
     s = doc["settings"]
     L = ["# Loader memory over epochs", "",
          f"Measured by `benchmarks/memory_epochs.py`. **Machine.** {machine_md(doc['machine'])}", "",
          f"`Loader(db, 'train', RandomResizedCrop(224)+flip+ToTensor+Normalize, batch_size="
-         f"{s['batch_size']}, shuffle=True, num_workers={s['workers']}, cache={s['cache']})` over "
+         f"{s['batch_size']}, shuffle=True, num_workers={s['workers']}, cache={s['cache']}, "
+         f"io={s.get('io', 'auto')!r})` over "
          f"{b['num_records']} synthetic ImageNet-like images ({b['db_file_mb']:.0f} MB database, mean "
          f"{b['mean_image_bytes']} B per JPEG), {len(E)} epochs, warm page cache; each batch is "
          "touched and dropped. Peaks per epoch of sums over the process tree (main + workers + "
@@ -278,7 +283,10 @@ def write_md(doc: dict) -> None:
           f"tail {b['slot_tail_nbytes'] / 1e6:.1f} MB; the encoded records ride over the last "
           f"samples, NOTE [ batch buffer layout ]) = **{b['shm_mb']:.0f} MB**",
           f"* shuffle buffer: cache x mean JPEG = {b['cache']} x {b['mean_image_bytes']} B = "
-          f"**{b['cache_mb']:.0f} MB** of page cache (memoryviews into the map, not private)",
+          f"**{b['cache_mb']:.0f} MB** " + (
+              "of private memory (direct I/O: each record a copy; plus the 128 MB ring its "
+              "reads land in, not counted here)" if s.get("io") == "direct" else
+              "of page cache (memoryviews into the map, not private)"),
           f"* fixed: main process before the Loader (Python, torch, OpenCV) PSS "
           f"**{b['fixed_main_mb']:.0f} MB**; workers' anonymous memory at the last peak "
           f"**{fmt(b['fixed_workers_anon_mb'], '.0f')} MB**",
@@ -298,7 +306,7 @@ def write_md(doc: dict) -> None:
               f"{min(r['first_batch_s'] for r in E[1:]) if len(E) > 1 else float('nan'):.2f}-"
               f"{max(r['first_batch_s'] for r in E[1:]) if len(E) > 1 else float('nan'):.2f} s", ""]
     L += ["## Command", "", "```", doc["command"], "```", ""]
-    (RESULTS / "memory.md").write_text("\n".join(L))
+    (RESULTS / f"{stem}.md").write_text("\n".join(L))
     print("\n".join(L))
 
 
