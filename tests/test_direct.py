@@ -238,3 +238,18 @@ def test_raw_loader_with_direct_io_in_file_order(big_db, monkeypatch):
         got = [(bytes(b), int(y)) for imgs, labels in ld for b, y in zip(imgs, labels)]
     assert got == [(w.image, w.label) for w in want]
     assert np.sum([len(g[0]) for g in got]) == sum(len(w.image) for w in want)
+
+
+def test_dataflow_reader_with_direct_io(big_db, monkeypatch):
+    """``LMDBData(io='direct')``: the same [image, label] stream as the page-cache path."""
+    _small_blocks(monkeypatch)
+    from seqloader.dataflow import LMDBData
+
+    got = {}
+    for io in ("buffered", "direct"):
+        df = LMDBData(big_db.paths[0], shuffle=True, chunk_size=16, seed=5, io=io)
+        df.reset_state()
+        got[io] = [(bytes(img), label) for img, label in df]
+        assert df._reader.direct == (io == "direct")
+        df._reader.close()
+    assert len(got["direct"]) == big_db.num_records and got["direct"] == got["buffered"]
