@@ -119,7 +119,8 @@ import os, sys, torch, torch.distributed as dist
 from seqloader import Loader
 rank = int(sys.argv[1]); path = sys.argv[2]; shuffle = sys.argv[3] == "1"
 dist.init_process_group("gloo", init_method=f"file://{sys.argv[4]}", rank=rank, world_size=2)
-loader = Loader(path, "train", None, batch_size=3, shuffle=shuffle, num_workers=2, cache=6)
+loader = Loader(path, "train", None, batch_size=3, shuffle=shuffle, num_workers=2, cache=6,
+                io=sys.argv[5])
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
 ids = []
 for raw, labels in loader:
@@ -139,8 +140,8 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle):
+@pytest.mark.parametrize("shuffle,io", [(True, "auto"), (False, "auto"), (False, "direct")])
+def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle, io):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     init = tmp_path / "init"
     errs = [tmp_path / f"rank{r}.stderr" for r in range(2)]
@@ -149,7 +150,7 @@ def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle):
         for r in range(2):
             with open(errs[r], "w") as f:  # files, not pipes: a rank never blocks on stderr
                 procs.append(subprocess.Popen([sys.executable, "-c", DDP, str(r), str(lmdb_dir),
-                                               str(int(shuffle)), str(init)],
+                                               str(int(shuffle)), str(init), io],
                                               stdout=subprocess.PIPE, stderr=f, text=True, env=env))
         outs = [p.communicate(timeout=120)[0].splitlines() for p in procs]
     finally:
