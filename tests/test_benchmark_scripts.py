@@ -148,3 +148,15 @@ def test_epoch_gaps_script(lmdb_dir, tmp_path):
     doc = json.loads(p.stdout.strip().splitlines()[-1])
     assert doc["seqloader"].startswith(str(BENCH.parent))
     assert len(doc["boundary_waits_s"]) == 2 and doc["images_per_s"] > 0
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_read_cost_script(tmp_path, mode):
+    """Reads exactly what it is asked to, in both modes (O_DIRECT works on tmp_path's disk
+    file system; the CPU figures are hddsim's business, not a test's)."""
+    f = tmp_path / "data.bin"
+    f.write_bytes(os.urandom(6 << 20))
+    doc = _run("read_cost.py", str(f), "--mib", "5", "--block-mib", "2", "--mode", mode,
+               cwd=tmp_path)
+    assert doc["mode"] == mode and doc["mib"] == 5 and doc["mib_per_s"] > 0
+    assert doc["user_s"] >= 0 and doc["sys_s"] >= 0
