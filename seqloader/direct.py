@@ -6,26 +6,30 @@ larger than RAM (ImageNet's train split is ~140 GB) that buys nothing -- no page
 survives to the next epoch -- and it costs twice: each epoch evicts every other
 file the machine had cached (other users' data on a shared node), and the kernel
 spends CPU filling, mapping and reclaiming fresh cache pages.  Measured under hddsim
-(1,200 MiB of a benchmark file, 16 MiB requests, cold): buffered ``pread`` 143-151
-MiB/s at 2.8 s of CPU (all system time: this VM backs a never-touched guest page on
-its first use, so each fresh cache page costs a host fault); ``O_DIRECT`` into
-reused buffers with two requests in flight 151.7 MiB/s at 0.09 s (one request at a
-time: 76-94 MiB/s -- the disk idles between requests, hence ``depth=2``).  2.7 s per
-1.2 GB is ~0.2 ms per ImageNet record: 15 % of this 2-core machine at 1,500
+(``benchmarks/read_cost.py``: 1,200 MiB of a benchmark file, 16 MiB requests, cold):
+buffered ``pread`` 143-151 MiB/s at 0.8-2.8 s of CPU, all system time, varying from
+run to run with the host (this VM backs a never-touched guest page on its first use,
+so a fresh cache page can cost a host fault); ``O_DIRECT`` into reused huge-page
+buffers 151.8 MiB/s at 0.01-0.09 s.  Up to ~0.2 ms per ImageNet record: up to 15 % of
+this 2-core machine at 1,500 images/s; in the full pipeline under hddsim, direct I/O
+ran at 185-194 % CPU where the page-cache path needed 195-198 % for 6-10 % fewer
 images/s.
 
 So, in direct mode, :class:`DirectStream` reads a pass's byte spans in 16 MiB
-``O_DIRECT`` requests, ``depth`` at a time, into a fixed ring of page-aligned
-buffers (always the same memory, so no page is ever new), and copies each record
-out into its own ``bytes`` -- one ~20 us copy of bytes the CPU cache has just seen.
-The shuffle buffer then holds private copies instead of page-cache views: ``cache``
-records cost ``cache`` x the mean record size of private memory (RSS), not
-reclaimable cache.
+``O_DIRECT`` requests, ``depth`` at a time (2: one request waiting behind the other
+hides each request's latency on disks and network file systems that have it; hddsim
+reached 151.8 MiB/s with 1 or 2), into a fixed ring of huge-page buffers
+(always the same memory, so no page is ever new; why huge pages: :func:`_ring`), and
+copies each record out into its own ``bytes`` -- one ~20 us copy of bytes the CPU
+cache has just seen.  The shuffle buffer then holds private copies instead of
+page-cache views: ``cache`` records cost ``cache`` x the mean record size of private
+memory (RSS), not reclaimable cache.
 
 The page cache still wins when the split fits in RAM and is read for many epochs
 (from the second epoch on nothing is read at all), so ``io="auto"`` chooses direct
-I/O only for databases larger than half the physical memory (:func:`choose`).  File
-systems that refuse ``O_DIRECT`` (tmpfs, some FUSE mounts) are read buffered.
+I/O only for databases larger than half the memory the process may fill (RAM, or a
+lower cgroup limit: :func:`choose`).  File systems that refuse ``O_DIRECT`` (tmpfs
+before Linux 6.6, some FUSE mounts) are read buffered.
 """
 from __future__ import annotations
 
@@ -327,7 +331,8 @@ def _ring(size: int) -> mmap.mmap:
     scattered 4 KiB pages a 16 MiB read became ~16+ requests, and a disk or cloud
     volume that counts requests (hddsim's 100 IO/s) then gave 52 MB/s instead of 150
     (measured: a fresh process's buffers happened to be contiguous, one that had run
-    for a while got fragmented memory).  Not inherited (``MADV_DONTFORK``) because a
+    for a while got fragmented memory; ``benchmarks/read_cost.py``-style reads into a
+    4 KiB-page buffer, one at a time: 55-94 MiB/s; into huge pages: 151.8).  Not inherited (``MADV_DONTFORK``) because a
     child forked while a read is in flight must not share or copy-on-write the pages
     the disk is writing to."""
     m = mmap.mmap(-1, size + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
