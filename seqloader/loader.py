@@ -55,7 +55,8 @@ class Loader:
     Memory: ``cache`` records of encoded JPEGs held as page cache (not private
     copies), plus ``num_workers * prefetch`` batch buffers in shared memory.  With
     direct I/O (``io="direct"``, or ``"auto"`` -- the default -- for a database larger
-    than half the RAM; NOTE [ direct I/O ] in :mod:`seqloader.direct`) the records are
+    than half the RAM or of a lower cgroup memory limit; NOTE [ direct I/O ] in
+    :mod:`seqloader.direct`) the records are
     read around the page cache and the ``cache`` records are private memory instead,
     plus a ``prefetch_bytes`` read-ahead ring.
     """
