@@ -168,16 +168,14 @@ class DirectStream:
             raise ValueError(f"block must be a positive multiple of {ALIGN}, got {block}")
         self.block, self.depth = block, max(1, depth)
         self.nbuf = max(self.depth + 1, window // block)
-        self._maps: list[mmap.mmap] = []
+        self._mem: mmap.mmap | None = None
         self._free: list[memoryview] = []
         self._pool: ThreadPoolExecutor | None = None
-        self.read_bytes = 0
         self.oversized = 0  # records larger than the ring, read on their own
 
     def _start(self) -> None:
         if self._pool is None:
-            ring = _ring(self.nbuf * self.block)
-            self._maps = [ring]
+            ring = self._mem = _ring(self.nbuf * self.block)
             self._free = [memoryview(ring)[_huge_offset(ring) + k * self.block:][:self.block]
                           for k in range(self.nbuf)]
             self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="seqloader-direct")
@@ -234,7 +232,6 @@ class DirectStream:
                 raise FormatError(f"{part.path}: ends at byte {r[2] + got}, before its records "
                                   f"(which reach byte {r[2] + r[3]}); the file is truncated: "
                                   "run `seqloader verify` on it")
-            self.read_bytes += r[3]
             r[5] = None
 
         def recycle() -> None:
@@ -310,12 +307,12 @@ class DirectStream:
         for view in self._free:
             view.release()
         self._free = []
-        for m in self._maps:
+        if self._mem is not None:
             try:
-                m.close()
+                self._mem.close()
             except BufferError:  # pragma: no cover - a view is still alive; GC closes it
                 pass
-        self._maps = []
+            self._mem = None
 
 
 _HUGE = 2 << 20
