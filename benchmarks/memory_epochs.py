@@ -36,6 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from seqloader.direct import IO_MODES  # noqa: E402
 from hdd_compare import (REPO, RESULTS, CpuAccount, drops, fmt, git_state, log, loadavg, machine, machine_md,  # noqa: E402
                          run_cmd, wait_quiet, warm_files)
 
@@ -150,7 +151,7 @@ def main() -> int:
     ap.add_argument("--cache", type=int, default=5000)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--wait", action="store_true")
-    ap.add_argument("--io", choices=("auto", "buffered", "direct"), default="auto",
+    ap.add_argument("--io", choices=IO_MODES, default="auto",
                     help="the Loader's io= (%(default)s); other than auto the results go to "
                          "memory-<io>.md/.json")
     ap.add_argument("--max-load", type=float, default=1.5)

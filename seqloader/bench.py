@@ -86,7 +86,7 @@ JSON (``--json``; the only thing printed to stdout)::
                   window, machine-wide), "sample_records", "sample_mean_bytes",
                   "data_mean_bytes" (cpu-limit: the records it decoded in memory, their
                   mean size and the data's, NOTE [ a representative sample ]), "io"
-                  (seqloader rows: "buffered" or "direct", how ``--io`` resolved)
+                  (seqloader rows: "buffered" or "direct", how the reader read)
                   [, "leftover_processes"]}, ...],
      "quality": null | {"seqloader": [{"workers", "distinct_ratio",
                                        "epoch_correlation", "batch_size",
@@ -117,6 +117,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+
+from .direct import IO_MODES
 
 __all__ = ["add_bench_arguments", "run_bench", "main", "bench", "format_report", "measure",
            "cpu_limit", "evict", "residency", "process_tree", "imagenet_train_transform",
@@ -828,6 +830,7 @@ class _Epochs:
 
     def __init__(self, loader: Any) -> None:
         self.loader, self.epochs = loader, 0
+        self.io: str | None = None  # how the loader's reader read ("buffered"/"direct")
 
     def __iter__(self):
         if len(self.loader) == 0:
@@ -837,6 +840,9 @@ class _Epochs:
             yield from self.loader
 
     def close(self) -> None:
+        feeder = self.loader._feeder  # (gone once closed)
+        if feeder is not None:
+            self.io = "direct" if feeder.reader.direct else "buffered"
         self.loader.close()
 
 
@@ -1001,11 +1007,6 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         pipeline = "raw read" if mode == "raw" else "decode+transform"
     row: dict[str, Any] = {"loader": loader, "mode": mode, "workers": workers, "batch_size": B,
                            "cold": bool(args.cold), "evicted": None, "resident_before": None}
-    if loader == "seqloader":
-        from .direct import choose
-
-        row["io"] = "direct" if choose(args.io, sum(os.path.getsize(p) for p in src.db.paths)) \
-            else "buffered"
     paths = src.data_paths(loader)
     if args.cold and not args.no_rehearsal:
         rehearsal = measure(make, batches=1, warmup=0, count=count, progress=False)
@@ -1023,7 +1024,8 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
     if workers > 0 and res["peak_processes"] == 1:
         pipeline += " (in the main process: the loader started no workers)"
     row.update(bytes_exact=not (loader == "seqloader" and mode != "raw"), pipeline=pipeline,
-               epochs=getattr(holder.get("it"), "epochs", None))
+               epochs=getattr(holder.get("it"), "epochs", None),
+               io=getattr(holder.get("it"), "io", None))
     return _row(row)
 
 
@@ -1272,7 +1274,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=int, default=DEFAULT_CACHE,
                    help="seqloader's shuffle buffer in records, the Loader's cache= (%(default)s)")
     p.add_argument("--seed", type=int, default=0, help="shuffle/augmentation seed (%(default)s)")
-    p.add_argument("--io", choices=("auto", "buffered", "direct"), default="auto",
+    p.add_argument("--io", choices=IO_MODES, default="auto",
                    help="seqloader's reads: through the page cache or direct I/O, the Loader's "
                         "io= (%(default)s: direct for databases larger than half the RAM)"),
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),

@@ -299,7 +299,7 @@ class RangeReader:
         self.prefetch_bytes = prefetch_bytes
         self.readahead = readahead
         self.io = io
-        self.direct = choose(io, sum(os.path.getsize(p) for p in db.paths))  # (validates io)
+        self.direct = choose(io, db.file_bytes)  # (validates io)
         self._stream: DirectStream | None = None
         self._offsets = list(db.offsets)
         self._shards: list[_Shard] | None = None

@@ -81,6 +81,8 @@ def test_every_mode_both_loaders_json_schema(data, capsys):
         assert r["peak_processes"] == (1 if (r["loader"], r["mode"]) == ("seqloader", "raw") else 2)
         assert r["cold"] is False
         assert not r.get("leftover_processes")
+        # how the reader read: auto reads a small database through the page cache
+        assert r["io"] == ("buffered" if r["loader"] == "seqloader" else None)
         # bytes: exact for raw and files; estimated from the mean for seqloader decode/full
         assert r["bytes_exact"] == (r["loader"] == "files" or r["mode"] == "raw")
         assert r["mb_per_s"] == pytest.approx(
@@ -89,6 +91,14 @@ def test_every_mode_both_loaders_json_schema(data, capsys):
     q = doc["quality"]
     assert q["seqloader"][0]["workers"] == 1 and 0 < q["seqloader"][0]["distinct_ratio"] <= 1.5
     assert "distinct_ratio" in q["files"]
+
+
+def test_io_reports_how_the_reader_read(data, capsys):
+    root, db = data
+    doc = _run_json(capsys, [str(db), "--mode", "raw", "--workers", "1", "--batch-size", "8",
+                             "--batches", "2", "--warmup", "0", "--io", "direct"])
+    (row,) = doc["results"]
+    assert row["io"] == "direct"
 
 
 def test_results_count_workers_and_cpu_limit(data, capsys):

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 import seqloader.transforms as T
 from seqloader import Loader
+from seqloader.direct import IO_MODES
 
 try:  # optional: without torchvision, the ResNet-18 below is used
     import torchvision.models as tv_models
@@ -56,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--image-size", default=224, type=int)
     p.add_argument("--max-iters", default=0, type=int, help="end each epoch after N iterations")
     p.add_argument("--cache", default=5000, type=int, help="seqloader shuffle buffer (records)")
-    p.add_argument("--io", default="auto", choices=["auto", "buffered", "direct"],
+    p.add_argument("--io", default="auto", choices=IO_MODES,
                    help="seqloader reads: page cache or O_DIRECT (auto: direct for data larger "
                         "than half the RAM)")
     p.add_argument("--gpu-normalize", action="store_true", help="ship uint8, normalise on the device")
