@@ -181,31 +181,54 @@ class _Shard:
             self.fd_direct = None
 
 
-def _resident(addr: int, n: int, vec: ctypes.Array) -> bool:
-    """All pages of the mapped range ``[addr, addr + n)`` are in the page cache
-    (``mincore``).  False when unsure (no libc, an error, or a kernel that only
-    reports pages this process has mapped -- then the range is simply read)."""
+def _missing(addr: int, n: int, vec: ctypes.Array, gap: int) -> list[tuple[int, int]] | None:
+    """The parts of the mapped range ``[addr, addr + n)`` that are not in the page cache
+    (``mincore``), as ``(offset into the range, length)`` runs -- runs closer than
+    ``gap`` bytes are merged, so a disk still sees few, large requests.  ``[]`` when
+    all of it is cached; None when unsure (no libc, an error, or a kernel that only
+    reports pages this process has mapped -- then the whole range is read)."""
     if _LIBC is None or n <= 0:
-        return False
+        return None
     start = addr & ~(_PAGE - 1)
     pages = (addr + n - start + _PAGE - 1) // _PAGE
     if pages > len(vec):
-        return False
+        return None
     if _LIBC.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * _PAGE), vec) != 0:
-        return False
-    return all(b & 1 for b in bytes(vec)[:pages])
+        return None
+    absent = (np.frombuffer(vec, np.uint8, pages) & 1) == 0
+    if not absent.any():
+        return []
+    edges = np.flatnonzero(np.diff(absent.view(np.int8), prepend=0, append=0))
+    runs: list[tuple[int, int]] = []  # page runs [first, last) not cached
+    for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+        if runs and (a - runs[-1][1]) * _PAGE < gap:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((a, b))
+    lead = addr - start
+    out = []
+    for a, b in runs:
+        lo, hi = max(a * _PAGE - lead, 0), min(b * _PAGE - lead, n)
+        out.append((lo, hi - lo))
+    return out
 
 
 class _Prefetcher(threading.Thread):
     """Reads queued blocks ``(key, fd, offset, length, address)`` with large ``pread``
-    calls, so their pages are cached before the cursor needs them; blocks already in
-    the page cache are skipped without copying (``mincore``).  ``done`` is the key of
+    calls, so their pages are cached before the cursor needs them; of a block partly in
+    the page cache only the missing runs of pages are read (``mincore``; runs less than
+    :attr:`GAP` apart as one request), and a block wholly cached is skipped without
+    copying -- so a warm epoch over a file the kernel evicted a few pages of (memory
+    reclaim) re-reads those pages, not 16 MiB blocks.  ``done`` is the key of
     the last block known to be cached -- keys increase in queue order, and a failed
     read stops ``done`` from advancing.  Errors are otherwise ignored: the cursor then
     reads the pages itself (and reports real errors)."""
 
     BLOCK = 16 << 20
     FIRST_BLOCK = 2 << 20  # an epoch's first blocks ramp up from here (first batch sooner)
+    #: Uncached runs of a block closer than this are read as one request (a disk reads
+    #: 1 MiB in less time than one seek; the page cache holds the rest already).
+    GAP = 1 << 20
 
     def __init__(self) -> None:
         super().__init__(name="seqloader-readahead", daemon=True)
@@ -223,17 +246,20 @@ class _Prefetcher(threading.Thread):
             key, fd, off, n, addr = item
             if self.failed_key is not None and key[0] == self.failed_key[0]:
                 continue  # this pass already failed: the cursor reads the rest itself
-            if addr is not None and _resident(addr, n, self.vec):
+            runs = None if addr is None else _missing(addr, n, self.vec, self.GAP)
+            if runs == []:
                 self.skipped += 1
                 self._advance(key)
                 continue
             try:
-                while n > 0:
-                    got = os.preadv(fd, [view[:min(n, self.BLOCK)]], off)
-                    if got <= 0:
-                        raise OSError("short read")
-                    off, n = off + got, n - got
-                    self.read_bytes += got
+                for lo, length in runs if runs is not None else [(0, n)]:
+                    pos, end = off + lo, off + lo + length
+                    while pos < end:
+                        got = os.preadv(fd, [view[:min(end - pos, self.BLOCK)]], pos)
+                        if got <= 0:
+                            raise OSError("short read")
+                        pos += got
+                        self.read_bytes += got
             except OSError:
                 with self.progress:
                     self.failed_key = key

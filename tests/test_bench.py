@@ -231,3 +231,18 @@ def test_run_bench_raises_for_bad_path(tmp_path):
     bench.add_bench_arguments(ap)
     with pytest.raises(FileNotFoundError, match="nope"):
         bench.run_bench(ap.parse_args([str(tmp_path / "nope")]))
+
+
+def test_monitor_keeps_its_sampling_within_its_cpu_budget():
+    """The memory sampler backs off when a sample is expensive (smaps_rollup of big
+    processes), so it takes at most ``budget`` of a core from the measured pipeline."""
+    from seqloader.bench import _TreeMonitor
+
+    mon = _TreeMonitor(interval=0.5, budget=0.01)
+    mon.sample()  # a real sample of this process: costs something, is recorded
+    assert mon.last_cost > 0 and mon.own_cpu >= mon.last_cost
+    assert mon.peak["rss"] > 0
+    mon.last_cost = 0.001  # cheap: the interval holds
+    assert mon.wait_s() == 0.5
+    mon.last_cost = 0.05  # 50 ms a sample: 5 s apart = 1 % of a core
+    assert mon.wait_s() == pytest.approx(5.0)

@@ -85,6 +85,66 @@ def test_readahead_skips_blocks_already_cached(big_db):
     assert got == want
 
 
+
+def _cached_pages(path, offset: int, length: int) -> int:
+    """How many pages of ``path[offset:offset + length]`` are in the page cache."""
+    import ctypes
+    import mmap
+
+    from seqloader.pages import LIBC, PAGE
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint8)
+        addr = view.ctypes.data + offset
+        pages = -(-length // PAGE)
+        vec = (ctypes.c_ubyte * pages)()
+        assert LIBC.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(pages * PAGE), vec) == 0
+        del view
+        return sum(b & 1 for b in bytes(vec))
+
+
+def test_readahead_reads_only_the_pages_not_cached(big_db):
+    """A block the kernel evicted a few pages of (memory reclaim) costs those pages, not
+    a whole 16 MiB re-read; the records are the same."""
+    import os
+
+    from seqloader.pages import LIBC, PAGE
+
+    if LIBC is None:
+        pytest.skip("no libc: mincore unavailable")
+    path = big_db.paths[0]
+    with open(path, "rb") as f:  # all of it in the page cache
+        while f.read(1 << 20):
+            pass
+    size = os.path.getsize(path)
+    # whole 2 MiB-aligned ranges: the page cache may hold a file read ahead in large
+    # folios, and DONTNEED drops only folios wholly inside its range
+    holes = [(8 << 20, 2 << 20), (16 << 20, 2 << 20)]
+    assert size > 20 << 20
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages (a database written moments ago) are not dropped
+        for off, n in holes:
+            os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if any(_cached_pages(path, off, n) for off, n in holes):
+        pytest.skip("the kernel kept the pages posix_fadvise(DONTNEED) should have dropped")
+    reader = RangeReader(big_db, fault_in=False, io="buffered")
+    try:
+        got = [bytes(v) for _, v in reader.read([(0, big_db.num_records)])]
+        pref = reader._prefetcher
+        assert pref.failed_key is None
+        # only the holes (as far as they hold records) -- not the 2-16 MiB blocks they
+        # sit in (those would be 19 MiB here)
+        assert 0 < pref.read_bytes <= sum(n for _, n in holes)
+        assert all(_cached_pages(path, off, n) == n // PAGE for off, n in holes)
+    finally:
+        reader.close()
+    want = [v for k, v in raw_items(path) if k != b"__seqloader_meta__"]
+    assert got == want
+
+
 def _spec(sample_nbytes: int, mean: float, batch_size: int = 256) -> ProducerSpec:
     db = types.SimpleNamespace(image_bytes=int(mean * 1000), num_records=1000)
     return ProducerSpec(db=db, mode="decode", seed=0, rank=0, shuffle=True, cache=10, warmup=1,
