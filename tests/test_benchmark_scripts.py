@@ -160,3 +160,24 @@ def test_read_cost_script(tmp_path, mode):
                cwd=tmp_path)
     assert doc["mode"] == mode and doc["mib"] == 5 and doc["mib_per_s"] > 0
     assert doc["user_s"] >= 0 and doc["sys_s"] >= 0
+
+
+@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
+def test_decode_floor_script(tmp_path):
+    """Runs end to end on a few 2000x1500 photos (every draw gets a reduced decode) and
+    reports a consistent breakdown; the exact-crop copy codes part of the image."""
+    out = tmp_path / "floor.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(BENCH / "decode_floor.py"), "--images", "3",
+                        "--draws", "2", "--repeat", "1", "--quality", "80", "--sets", "large",
+                        "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res, = json.loads(out.read_text())["results"]
+    assert res["set"] == "large-q80" and res["samples"] >= 4
+    assert sum(res["k_counts"].values()) == res["samples"]
+    assert 0 < res["crop_bytes_share"] < 1
+    assert res["region_vs_crop_px"] >= 1  # the shipped window holds the whole crop
+    assert all(v > 0 for v in res["ms"].values())
+    assert set(res["speedup"]) == {"fused", "perfect", "floor", "floor_bytes"}
+    assert "fused's stages" in p.stdout

@@ -460,10 +460,13 @@ def test_restart_window_matches_full_decode():
                 assert reg.left % frame.mcu_width == 0 and reg.right >= x1
                 narrowed += reg.right - reg.left < frame.width
                 # decoded rows/columns a 6-px kernel may read, minus the bottom MCU row
-                # (decoded_rows()'s margin) and the right edge's (when it is not the image's)
+                # (decoded_rows()'s margin) and the right edge's 2 decoded px of chroma
+                # context (when it is not the image's edge)
                 t, l = (y0 - 6 * k) // k, (x0 - 6 * k) // k
+                assert reg.top == 0 or reg.top // k <= t - 2
+                assert reg.left == 0 or reg.left // k <= l - 2
                 b = (800 - frame.mcu_height) // k
-                r = -(-(reg.right - (frame.mcu_width if reg.right < frame.width else 0)) // k)
+                r = -(-reg.right // k) - (2 if reg.right < frame.width else 0)
                 assert r >= -(-(x1 + 6 * k) // k)
                 sub = img[t - reg.top // k:b - reg.top // k, l - reg.left // k:r - reg.left // k]
                 assert np.array_equal(sub, full[t:b, l:r]), (name, k, d)

@@ -1,0 +1,233 @@
+"""How fast can a "decode less" training pipeline be, at best, on a set of photos?
+
+The fused pipeline's gain on large photos comes from decoding less: a reduced-scale
+(DCT-scaled) decode, and with restart markers only the restart segments around the crop
+(NOTEs [ row-limited decode ] and [ restart windows ] in ``seqloader/_fused.py``).  What
+no decoder built on libjpeg(-turbo) can skip is the Huffman (entropy) decoding of every
+8x8 block inside the crop: codes have no boundaries, so the bits of each block must be
+walked, at any output scale.  This script measures, on the draws of RandomResizedCrop(224)
+where a reduced decode applies, against the plain path (whole image decoded at full
+scale, then the same crop/resize/flip/normalise -- ``fused_plain`` of
+``transforms_bench.py``, on the original bytes):
+
+  plain         the plain path, ms per image
+  fused         what ships: ``compile_fused`` on the bytes ``preprocess --restart-markers``
+                stores (restart segments every ~4 MCUs, optimal Huffman tables)
+  perfect       an ideal cropper with free splicing: the crop's own MCUs (a copy of the
+                image with a restart marker after *every* MCU, spliced to exactly the
+                crop, no margins) decoded at the plan's scale, plus the real render
+                (crop/resize/flip/normalise) of that decode
+  floor         a lower bound on any such pipeline's time: the same exact-crop copy
+                decoded at 1/8 scale (entropy decoding plus the cheapest IDCT, 1 px per
+                block) plus the render -- everything but the entropy decoding is assumed
+                free except the render
+  floor(bytes)  the same bound estimated without the every-MCU markers (which slow
+                libjpeg-turbo's Huffman decoder): a 1/8-scale decode of the whole
+                original image x the share of its entropy-coded bytes inside the crop
+                (per-MCU byte counts from the every-MCU copy), plus the render
+
+and prints each as a speed-up over ``plain``.  If the floor's speed-up is below a goal,
+no amount of cropping, splicing or scaling reaches that goal on those images with this
+decoder; only decoding fewer bits would (smaller files, or a different codec).
+
+    python benchmarks/decode_floor.py [--images 60] [--draws 2] [--quality 75,90]
+        [--sets photos,large] [--json out.json]
+
+One thread (``cv2.setNumThreads(1)``), best of ``--repeat`` per sample, methods
+interleaved per sample as in ``transforms_bench.timed``.  Needs ``jpegtran``
+(libjpeg-turbo-progs) and simplejpeg.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from transforms_bench import MEAN, SIZES, STD, make_set  # noqa: E402
+
+from seqloader import _fused  # noqa: E402
+from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan  # noqa: E402
+from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
+                                  RandomResizedCrop, ToTensor, compile_fused)
+
+
+def every_mcu(data: bytes) -> bytes:
+    """``data`` losslessly transcoded with a restart marker after every MCU."""
+    return subprocess.run(["jpegtran", "-restart", "1B", "-optimize", "-copy", "none"],
+                          input=data, capture_output=True, check=True).stdout
+
+
+def exact_crop(fine: np.ndarray, frame, w: _fused.Window) -> tuple[np.ndarray, _fused.Region]:
+    """The every-MCU copy spliced to the MCUs that hold the crop (no margins)."""
+    mh, mw = frame.mcu_height, frame.mcu_width
+    reg = _fused.Region(math.floor(w.y0) // mh * mh, min(-(-math.ceil(w.y1) // mh) * mh, frame.height),
+                        math.floor(w.x0) // mw * mw, min(-(-math.ceil(w.x1) // mw) * mw, frame.width))
+    scan = jpeg_scan(fine, frame)
+    out = _fused._splice(fine, frame, scan, reg)
+    if out is None:
+        raise RuntimeError("every-MCU copy does not tile: unexpected jpegtran output")
+    return out, reg
+
+
+def crop_byte_share(fine: np.ndarray, frame, reg: _fused.Region) -> float:
+    """Share of the entropy-coded bytes (markers excluded) that code the MCUs of ``reg``."""
+    scan = jpeg_scan(fine, frame)
+    data = fine[scan.offset:]
+    ff = np.flatnonzero(data[:-1] == 0xFF)
+    marks = ff[(data[ff + 1] >= 0xD0) & (data[ff + 1] <= 0xD7)]
+    ends = np.concatenate((marks, [len(data) - 2]))  # EOI at the end
+    starts = np.concatenate(([0], marks + 2))
+    sizes = (ends - starts).astype(np.float64)
+    per_row = -(-frame.width // frame.mcu_width)
+    rows = -(-frame.height // frame.mcu_height)
+    if len(sizes) != per_row * rows:
+        raise RuntimeError("every-MCU copy: segment count does not match the MCU grid")
+    grid = sizes.reshape(rows, per_row)
+    r0, r1 = reg.top // frame.mcu_height, -(-reg.bottom // frame.mcu_height)
+    c0, c1 = reg.left // frame.mcu_width, -(-reg.right // frame.mcu_width)
+    return float(grid[r0:r1, c0:c1].sum() / grid.sum())
+
+
+def decode(data, k: int, h: int, w: int) -> np.ndarray:
+    import simplejpeg
+    return simplejpeg.decode_jpeg(bytes(data), colorspace="RGB", min_height=h, min_width=w,
+                                  strict=False)
+
+
+def best_of(fn, repeat: int) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_set(name: str, originals: list[bytes], draws: int, repeat: int) -> dict:
+    recipe = Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
+                      Normalize(MEAN, STD)])
+    fused = compile_fused(recipe)
+    plain = compile_fused(recipe, reduced_decode=False, partial_decode=False)
+    out = np.empty(fused.out_shape, fused.out_dtype)
+    local = threading.local()
+    rows = []
+    for i, orig in enumerate(originals):
+        stored = add_restart_markers(orig)
+        fine = np.frombuffer(every_mcu(orig), np.uint8)
+        frame = jpeg_frame(orig)
+        for d in range(draws):
+            seed = 1000 * d + i
+            p = fused.plan(frame.height, frame.width, np.random.default_rng(seed))
+            if p.k < 2:
+                continue
+            spliced, reg = exact_crop(fine, frame, p.window)
+            h = -(-(reg.bottom - reg.top) // p.k)
+            w = -(-(reg.right - reg.left) // p.k)
+            img = decode(spliced, p.k, h, w)
+            assert img.shape == (h, w, 3), (img.shape, h, w)
+            share = crop_byte_share(fine, frame, reg)
+            # the shipped path's stages (NOTE [ restart windows ]), for the breakdown
+            sbuf = np.frombuffer(stored, np.uint8)
+            sframe = jpeg_frame(stored)
+            win = p.window
+            want = _fused.Region(math.floor(win.y0), _fused.decoded_rows(sframe, p.k, win.y1),
+                                 math.floor(win.x0), math.ceil(win.x1))
+            sreg, sscan = _fused.restart_window(sbuf, sframe, p.k, want)
+            simg, sreg2 = _fused.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan)
+            simg = simg.copy()
+            # generators made before timing (default_rng costs ~30 us)
+            gens = {m: iter([np.random.default_rng(seed) for _ in range(repeat + 1)])
+                    for m in ("plain", "fused")}
+            timings = {
+                "plain": lambda: plain(orig, out, next(gens["plain"])),
+                "fused": lambda: fused(stored, out, next(gens["fused"])),
+                "crop_decode": lambda: decode(spliced, p.k, h, w),
+                "crop_decode_8": lambda: decode(spliced, 8, 1, 1),
+                "whole_decode_8": lambda: decode(orig, 8, 1, 1),
+                "render": lambda: fused._render(img, p, reg, out),
+                "fused_window": lambda: _fused.restart_window(sbuf, sframe, p.k, want),
+                "fused_splice": lambda: _fused._splice(sbuf, sframe, sscan, sreg)
+                if sscan is not None else None,
+                "fused_decode": lambda: _fused.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan),
+                "fused_render": lambda: fused._render(simg, p, sreg2, out),
+            }
+            for fn in timings.values():  # warm-up
+                fn()
+            order = np.random.default_rng(seed).permutation(len(timings))
+            names = list(timings)
+            t = {names[j]: best_of(timings[names[j]], repeat) for j in order}
+            t["fused_decode"] -= t["fused_splice"]  # (decode_jpeg splices first)
+            t["share"] = share
+            t["region_px"] = (sreg2.bottom - sreg2.top) * (sreg2.right - sreg2.left)
+            t["crop_px"] = (reg.bottom - reg.top) * (reg.right - reg.left)
+            t["k"] = p.k
+            rows.append(t)
+    if not rows:
+        return {"set": name, "samples": 0}
+    mean = {key: float(np.mean([r[key] for r in rows])) for key in rows[0] if key != "k"}
+    perfect = mean["crop_decode"] + mean["render"]
+    floor = mean["crop_decode_8"] + mean["render"]
+    floor_bytes = float(np.mean([r["whole_decode_8"] * r["share"] for r in rows])) + mean["render"]
+    return {
+        "set": name, "samples": len(rows), "images": len(originals),
+        "k_counts": {int(k): sum(r["k"] == k for r in rows) for k in (2, 4, 8)},
+        "crop_bytes_share": round(mean["share"], 3),
+        "region_vs_crop_px": round(mean["region_px"] / mean["crop_px"], 3),
+        "ms": {key: round(v * 1e3, 3) for key, v in mean.items()
+               if key not in ("share", "region_px", "crop_px")},
+        "speedup": {"fused": round(mean["plain"] / mean["fused"], 2),
+                    "perfect": round(mean["plain"] / perfect, 2),
+                    "floor": round(mean["plain"] / floor, 2),
+                    "floor_bytes": round(mean["plain"] / floor_bytes, 2)},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=60)
+    ap.add_argument("--draws", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quality", default="75,90")
+    ap.add_argument("--sets", default="photos,large")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if shutil.which("jpegtran") is None:
+        print("decode_floor.py needs jpegtran (apt install libjpeg-turbo-progs)", file=sys.stderr)
+        return 2
+    cv2.setNumThreads(1)
+    results = []
+    for s in args.sets.split(","):
+        for q in (int(v) for v in args.quality.split(",")):
+            res = bench_set(f"{s}-q{q}", make_set(SIZES[s], args.images, 0, q), args.draws,
+                            args.repeat)
+            results.append(res)
+            if not res["samples"]:
+                print(f"{res['set']}: no draw gets a reduced decode")
+                continue
+            ms, sp = res["ms"], res["speedup"]
+            print(f"{res['set']}: {res['samples']} draws with a reduced decode (k {res['k_counts']}),"
+                  f" crop = {res['crop_bytes_share']:.0%} of the entropy-coded bytes")
+            print(f"  plain {ms['plain']:.3f} ms | fused {ms['fused']:.3f} ms = {sp['fused']}x |"
+                  f" perfect crop {ms['crop_decode']:.3f} + render {ms['render']:.3f} ="
+                  f" {sp['perfect']}x | floor {ms['crop_decode_8']:.3f} + render = {sp['floor']}x"
+                  f" | floor(bytes) {sp['floor_bytes']}x")
+            print(f"  fused's stages: window {ms['fused_window']:.3f} + splice {ms['fused_splice']:.3f}"
+                  f" + decode {ms['fused_decode']:.3f} + render {ms['fused_render']:.3f} ms;"
+                  f" decoded region = {res['region_vs_crop_px']}x the crop's MCUs")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
