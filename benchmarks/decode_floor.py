@@ -26,12 +26,14 @@ scale, then the same crop/resize/flip/normalise -- ``fused_plain`` of
                 original image x the share of its entropy-coded bytes inside the crop
                 (per-MCU byte counts from the every-MCU copy), plus the render
 
-and prints each as a speed-up over ``plain``.  If the floor's speed-up is below a goal,
+and prints each as a speed-up over ``plain``, with the shipped path's stages.  Then
+(unless ``--no-grids``) whether a finer restart grid would pay: the fused path over
+copies with a marker every MCU, every ~2 MCUs and every ~4 (what the writer stores).  If the floor's speed-up is below a goal,
 no amount of cropping, splicing or scaling reaches that goal on those images with this
 decoder; only decoding fewer bits would (smaller files, or a different codec).
 
     python benchmarks/decode_floor.py [--images 60] [--draws 2] [--quality 75,90]
-        [--sets photos,large] [--json out.json]
+        [--sets photos,large] [--no-grids] [--json out.json]
 
 One thread (``cv2.setNumThreads(1)``), best of ``--repeat`` per sample, methods
 interleaved per sample as in ``transforms_bench.timed``.  Needs ``jpegtran``
@@ -53,7 +55,7 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from transforms_bench import MEAN, SIZES, STD, make_set  # noqa: E402
+from transforms_bench import MEAN, SIZES, STD, make_set, timed  # noqa: E402
 
 from seqloader import _fused  # noqa: E402
 from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan  # noqa: E402
@@ -61,10 +63,50 @@ from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # n
                                   RandomResizedCrop, ToTensor, compile_fused)
 
 
-def every_mcu(data: bytes) -> bytes:
-    """``data`` losslessly transcoded with a restart marker after every MCU."""
-    return subprocess.run(["jpegtran", "-restart", "1B", "-optimize", "-copy", "none"],
+def every_mcu(data: bytes, mcus: int = 1) -> bytes:
+    """``data`` losslessly transcoded with a restart marker after every ``mcus`` MCUs."""
+    return subprocess.run(["jpegtran", "-restart", f"{mcus}B", "-optimize", "-copy", "none"],
                           input=data, capture_output=True, check=True).stdout
+
+
+def grid_costs(originals: list[bytes], draws: int, repeat: int) -> dict:
+    """Would a finer restart grid pay?  A finer grid rounds a window out less (the
+    decoded region shrinks), but every marker costs bytes, Huffman-decoder restarts and
+    splice work.  The fused pipeline on the same draws (those with a reduced decode) over
+    copies with a marker every MCU, every ~2 MCUs (2, else 3, else 1: a divisor of the
+    row) and as ``preprocess --restart-markers`` stores them (~4), against the plain
+    path; methods interleaved per sample (``transforms_bench.timed``)."""
+    recipe = Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
+                      Normalize(MEAN, STD)])
+    fused = compile_fused(recipe)
+    plain = compile_fused(recipe, reduced_decode=False, partial_decode=False)
+    out = np.empty(fused.out_shape, fused.out_dtype)
+
+    def near2(o: bytes) -> bytes:
+        fr = jpeg_frame(o)
+        per = -(-fr.width // fr.mcu_width)
+        return every_mcu(o, next(m for m in (2, 3, 1) if per % m == 0))
+
+    copies = {"every MCU": [every_mcu(o) for o in originals],
+              "~2 MCUs": [near2(o) for o in originals],
+              "stored (~4 MCUs)": [add_restart_markers(o) for o in originals]}
+    samples = []
+    for d in range(draws):
+        for i, o in enumerate(originals):
+            fr = jpeg_frame(o)
+            if fused.plan(fr.height, fr.width, np.random.default_rng(1000 * d + i)).k >= 2:
+                samples.append((i, 1000 * d + i))
+    if not samples:
+        return {}
+    methods = {"plain": lambda i, rng: plain(originals[i], out, rng)}
+    for name, files in copies.items():
+        methods[name] = lambda i, rng, files=files: fused(files[i], out, rng)
+    best = timed(methods, samples, repeat)
+    base = float(best["plain"].mean())
+    return {name: {"kb": round(float(np.mean([len(f) for f in files])) / 1e3, 1),
+                   "fused_ms": round(float(best[name].mean()) * 1e3, 3),
+                   "speedup": round(base / float(best[name].mean()), 2)}
+            for name, files in copies.items()}
 
 
 def exact_crop(fine: np.ndarray, frame, w: _fused.Window) -> tuple[np.ndarray, _fused.Region]:
@@ -99,9 +141,11 @@ def crop_byte_share(fine: np.ndarray, frame, reg: _fused.Region) -> float:
 
 
 def decode(data, k: int, h: int, w: int) -> np.ndarray:
+    """Decode at the smallest scale, at most 1/``k``, whose size is at least ``h`` x ``w``
+    (simplejpeg: 1 x 1 gives 1/8; 0 x 0 the full size)."""
     import simplejpeg
     return simplejpeg.decode_jpeg(bytes(data), colorspace="RGB", min_height=h, min_width=w,
-                                  strict=False)
+                                  min_factor=k, strict=False)
 
 
 def best_of(fn, repeat: int) -> float:
@@ -199,6 +243,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quality", default="75,90")
     ap.add_argument("--sets", default="photos,large")
+    ap.add_argument("--no-grids", action="store_true",
+                    help="skip the comparison of restart grids (every MCU / ~2 / ~4)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if shutil.which("jpegtran") is None:
@@ -208,8 +254,10 @@ def main() -> int:
     results = []
     for s in args.sets.split(","):
         for q in (int(v) for v in args.quality.split(",")):
-            res = bench_set(f"{s}-q{q}", make_set(SIZES[s], args.images, 0, q), args.draws,
-                            args.repeat)
+            originals = make_set(SIZES[s], args.images, 0, q)
+            res = bench_set(f"{s}-q{q}", originals, args.draws, args.repeat)
+            if not args.no_grids:
+                res["restart_grids"] = grid_costs(originals, args.draws, args.repeat)
             results.append(res)
             if not res["samples"]:
                 print(f"{res['set']}: no draw gets a reduced decode")
@@ -224,6 +272,9 @@ def main() -> int:
             print(f"  fused's stages: window {ms['fused_window']:.3f} + splice {ms['fused_splice']:.3f}"
                   f" + decode {ms['fused_decode']:.3f} + render {ms['fused_render']:.3f} ms;"
                   f" decoded region = {res['region_vs_crop_px']}x the crop's MCUs")
+            for m, c in res.get("restart_grids", {}).items():
+                print(f"  restart grid {m:17s}: {c['kb']:7.1f} KB, fused {c['fused_ms']:.3f} ms"
+                      f" = {c['speedup']}x plain")
     if args.json:
         Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "results": results}, indent=1))
     return 0

@@ -181,3 +181,9 @@ def test_decode_floor_script(tmp_path):
     assert all(v > 0 for v in res["ms"].values())
     assert set(res["speedup"]) == {"fused", "perfect", "floor", "floor_bytes"}
     assert "fused's stages" in p.stdout
+    grids = res["restart_grids"]
+    assert set(grids) == {"every MCU", "~2 MCUs", "stored (~4 MCUs)"}
+    # more markers, more bytes (the coefficients are the same)
+    # ("~2" is every MCU where neither 2 nor 3 divides a row's MCUs)
+    assert grids["every MCU"]["kb"] >= grids["~2 MCUs"]["kb"] >= grids["stored (~4 MCUs)"]["kb"]
+    assert grids["every MCU"]["kb"] > grids["stored (~4 MCUs)"]["kb"]
