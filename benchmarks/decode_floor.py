@@ -183,10 +183,7 @@ def bench_set(name: str, originals: list[bytes], draws: int, repeat: int) -> dic
             # the shipped path's stages (NOTE [ restart windows ]), for the breakdown
             sbuf = np.frombuffer(stored, np.uint8)
             sframe = jpeg_frame(stored)
-            win = p.window
-            want = _fused.Region(math.floor(win.y0), _fused.decoded_rows(sframe, p.k, win.y1),
-                                 math.floor(win.x0), math.ceil(win.x1))
-            sreg, sscan = _fused.restart_window(sbuf, sframe, p.k, want)
+            sreg, sscan = fused.decode_window(sbuf, sframe, p)
             simg, sreg2 = _fused.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan)
             simg = simg.copy()
             # generators made before timing (default_rng costs ~30 us)
@@ -199,7 +196,7 @@ def bench_set(name: str, originals: list[bytes], draws: int, repeat: int) -> dic
                 "crop_decode_8": lambda: decode(spliced, 8, 1, 1),
                 "whole_decode_8": lambda: decode(orig, 8, 1, 1),
                 "render": lambda: fused._render(img, p, reg, out),
-                "fused_window": lambda: _fused.restart_window(sbuf, sframe, p.k, want),
+                "fused_window": lambda: fused.decode_window(sbuf, sframe, p),
                 "fused_splice": lambda: _fused._splice(sbuf, sframe, sscan, sreg)
                 if sscan is not None else None,
                 "fused_decode": lambda: _fused.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan),

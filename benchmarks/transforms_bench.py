@@ -123,10 +123,7 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int,
     for data, seed in samples:
         frame = _fused.jpeg_frame(data)
         plans.append(f32.plan(frame.height, frame.width, np.random.default_rng(seed)))
-        w = plans[-1].window
-        reg, _ = _fused.restart_window(np.frombuffer(data, np.uint8), frame, plans[-1].k,
-                                       _fused.Region(int(w.y0), _fused.decoded_rows(
-                                           frame, plans[-1].k, w.y1), int(w.x0), int(np.ceil(w.x1))))
+        reg, _ = f32.decode_window(np.frombuffer(data, np.uint8), frame, plans[-1])
         rows_share.append((reg.bottom - reg.top) * (reg.right - reg.left)
                           / (frame.height * frame.width))
     ks = np.array([p.k for p in plans])

@@ -50,9 +50,10 @@ restart markers (DRI/RSTn): at each one the bit stream is byte-aligned and the D
 predictors reset, so the data between two markers decodes on its own.  When the
 restart segments tile the image in a grid (an interval of whole MCU rows, or of a
 divisor of the MCUs in a row, so every row starts a segment), :func:`restart_window`
-grows the crop by 6 decoded px (the kernel's reach, as below it) plus 2 (the
-chroma that upsampling looks at across the edge: the spliced image's edge sees itself
-instead, which changes its outermost decoded pixel) and rounds out to segment boundaries, and :func:`_splice` builds a JPEG of
+grows the crop by the render's reach (NOTE [ render reach ], as below it) plus 2
+decoded px (the chroma that upsampling looks at across the edge: the spliced image's
+edge sees itself instead, which changes its outermost decoded pixel) and rounds out to
+segment boundaries, and :func:`_splice` builds a JPEG of
 just those segments -- in each band of rows the chosen segments are one contiguous run
 of bytes -- with the frame size patched and the markers renumbered from RST0 (decoders
 check the sequence).  Pixels are bit-identical to a full decode (tested at every scale
@@ -63,6 +64,23 @@ segments hold ~50-65 % of an image's pixels; on 2000x1500 photos at 224 px the p
 is 2.03-2.33x the plain path on the original files (1.52-1.75x without markers); on
 ImageNet-sized images +3.5-6 %: libjpeg-turbo decodes any file with a restart interval
 5-8 % slower (its fast Huffman path is off in such files) -- so the markers are opt-in.
+
+NOTE [ render reach ]
+How far beyond the crop box rendering reads sets the margins above (below the crop,
+and around a restart window).  Where the box is cut out (rounded to whole pixels: up
+to half a pixel outwards) and resized, OpenCV is handed the slice as a matrix of its
+own and reads nothing outside it -- its border modes replicate the slice's edge;
+tested: filters and every resize mode give the same result on a view as on a copy --
+so 1 decoded px is enough: ``SLICE_REACH``.  Where an upscaled fractional box is
+sampled in place (``Resize`` to more than the image, then ``CenterCrop``: warpAffine
+over the decoded image), the kernel reads up to 4 px beyond it (Lanczos), plus
+rounding: ``WARP_REACH`` = 6 -- and no restart window: warpAffine's fixed-point
+sampling positions depend on where the box sits in the decoded image, so moving it (a
+window cut from the top or left) changed pixels by 1 grey level here and there; rows
+below the box still need not be decoded.  :meth:`FusedPipeline.warps` decides which,
+from the plan, and :meth:`FusedPipeline._render` follows the same decision.  Measured
+(``benchmarks/decode_floor.py``, 1200x900 photos with markers, RandomResizedCrop(224)):
+the decoded region fell from 1.13x to 1.09x the crop's MCUs with the slice's reach.
 """
 from __future__ import annotations
 
@@ -155,17 +173,22 @@ def _via_simplejpeg(frame: JpegFrame) -> bool:
     return simplejpeg is not None and frame.components in (1, 3)
 
 
-def decoded_rows(frame: JpegFrame, k: int, y1: float) -> int:
+#: Decoded px beyond a crop box that rendering may read (NOTE [ render reach ]): where
+#: an upscaled fractional box is sampled in place (warpAffine) -- rounding plus the
+#: widest kernel, Lanczos's 4 px -- and where the box is cut out and resized.
+WARP_REACH, SLICE_REACH = 6, 1
+
+
+def decoded_rows(frame: JpegFrame, k: int, y1: float, reach: int = WARP_REACH) -> int:
     """How many source rows of ``frame`` to decode (at scale 1/``k``) so that every
-    decoded row a crop ending at source row ``y1`` reads -- with rounding and the
-    widest resampling kernel (Lanczos, 4 px) -- equals a full decode's.  The full
-    height for JPEGs that cannot be stopped early.  NOTE [ row-limited decode ]"""
+    decoded row a crop ending at source row ``y1`` reads -- ``reach`` decoded px below
+    it (NOTE [ render reach ]) -- equals a full decode's.  The full height for JPEGs
+    that cannot be stopped early.  NOTE [ row-limited decode ]"""
     if frame.marker not in _SEQUENTIAL or not _via_simplejpeg(frame):
         return frame.height
     mcu = frame.mcu_height
-    # 6 decoded px: rounding + the widest kernel (filters read past a view's edge);
-    # 4 more: chroma upsampling's look at the next chroma row, at any subsampling
-    need = math.ceil(y1) + 10 * k
+    # + 4 decoded px: chroma upsampling's look at the next chroma row, any subsampling
+    need = math.ceil(y1) + (reach + 4) * k
     return min(frame.height, -(-need // mcu) * mcu)
 
 
@@ -178,22 +201,24 @@ class Region(NamedTuple):
     right: int
 
 
-def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region
-                   ) -> tuple[Region, JpegScan | None]:
+def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
+                   reach: int = WARP_REACH) -> tuple[Region, JpegScan | None]:
     """Grow ``region`` (the source pixels a sample needs, bottom margin included) to the
-    restart segments that hold it with the margins a decode that starts there needs;
+    restart segments that hold it with the margins a decode that starts there needs
+    (rendering reads ``reach`` decoded px beyond the crop: NOTE [ render reach ]);
     returns ``(region, scan)``, or ``(whole rows from the top, None)`` when the JPEG
     has no usable restart markers or skipping would not pay.  NOTE [ restart windows ]"""
     whole = Region(0, region.bottom, 0, frame.width)
     if frame.marker not in _SEQUENTIAL or not _via_simplejpeg(frame):
         return whole, None
-    # 6 decoded px of kernel reach (as below the crop) plus 2 of chroma upsampling
-    # context: the spliced image's edges see themselves instead, which changes the
-    # outermost decoded px (measured: 1 px at 4:2:0 and 4:2:2 at full, 1/2 and 1/4 scale;
-    # none at 1/8 or 4:4:4; each spliced edge mutation-checked in the tests)
-    top = region.top - 8 * k
-    left = region.left - 8 * k
-    right = region.right + 8 * k
+    # the render's reach plus 2 decoded px of chroma upsampling context: the spliced
+    # image's edges see themselves instead, which changes the outermost decoded px
+    # (measured: 1 px at 4:2:0 and 4:2:2 at full, 1/2 and 1/4 scale; none at 1/8 or
+    # 4:4:4; each spliced edge mutation-checked in the tests)
+    margin = (reach + 2) * k
+    top = region.top - margin
+    left = region.left - margin
+    right = region.right + margin
     if top < frame.mcu_height and left < frame.mcu_width and right > frame.width - frame.mcu_width:
         return whole, None
     scan = jpeg_scan(buf, frame)
@@ -564,6 +589,30 @@ class FusedPipeline:
                     break
         return FusedPlan(height, width, win, flip, k)
 
+    def warps(self, p: FusedPlan) -> bool:
+        """Whether rendering ``p`` samples its box in place (an upscale: warpAffine, which
+        reads :data:`WARP_REACH` decoded px around it) rather than cutting it out and
+        resizing it (:data:`SLICE_REACH`).  NOTE [ render reach ]"""
+        w = p.window
+        return (self.mode in _WARP and (w.oy1 - w.oy0) * p.k >= w.y1 - w.y0
+                and (w.ox1 - w.ox0) * p.k >= w.x1 - w.x0)
+
+    def decode_window(self, buf: np.ndarray, frame: JpegFrame, p: FusedPlan
+                      ) -> tuple[Region, JpegScan | None]:
+        """The source pixels to decode for ``p`` -- the crop, the rows the decoder may
+        stop below and, with restart markers, the segments around it -- and the scan to
+        splice them from (None: rows from the top).  NOTEs [ row-limited decode ],
+        [ restart windows ], [ render reach ]."""
+        w = p.window
+        if self.warps(p):
+            # rows from the top: warpAffine's fixed-point sampling positions depend on
+            # where the box sits in the decoded image, so a window (which moves it) would
+            # change pixels by +-1 grey level here and there (tested)
+            return Region(0, decoded_rows(frame, p.k, w.y1, WARP_REACH), 0, frame.width), None
+        region = Region(math.floor(w.y0), decoded_rows(frame, p.k, w.y1, SLICE_REACH),
+                        math.floor(w.x0), math.ceil(w.x1))
+        return restart_window(buf, frame, p.k, region, SLICE_REACH)
+
     def __call__(self, data: bytes | memoryview | np.ndarray, out: np.ndarray,
                  rng: np.random.Generator | None = None) -> None:
         """Decode ``data`` and write the sample into ``out`` (shape ``out_shape``,
@@ -586,10 +635,7 @@ class FusedPipeline:
             p = self.plan(frame.height, frame.width, rng)
             region, scan = Region(0, frame.height, 0, frame.width), None
             if self.partial_decode:
-                w = p.window
-                region = Region(math.floor(w.y0), decoded_rows(frame, p.k, w.y1),
-                                math.floor(w.x0), math.ceil(w.x1))
-                region, scan = restart_window(buf, frame, p.k, region)
+                region, scan = self.decode_window(buf, frame, p)
             img, region = decode_jpeg(buf, frame, p.k, region, self._local, scan)
             if img is None:
                 raise ValueError(f"cannot decode JPEG ({buf.size} bytes, "
@@ -618,8 +664,7 @@ class FusedPipeline:
             canvas.fill(0)
         dst = canvas[win.oy0:win.oy1, win.ox0:win.ox1] if padded else canvas
         rh, rw = dst.shape[:2]
-        if (self.mode in _WARP and rh >= box[2] - box[0] and rw >= box[3] - box[1]
-                and not all(float(v).is_integer() for v in box)):
+        if self.warps(p) and not all(float(v).is_integer() for v in box):
             # upscaling a fractional box (Resize + CenterCrop): sample it exactly, with
             # the same pixel-centre mapping (and border clamp) as resizing the whole image
             sy, sx = (box[2] - box[0]) / rh, (box[3] - box[1]) / rw

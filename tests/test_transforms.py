@@ -401,7 +401,12 @@ def test_jpeg_frame_reports_mcu_rows():
     Compose([RandomResizedCrop(112, interpolation="bicubic"), ToTensor()]),
     val_recipe(), val_recipe(128, 112), val_recipe(300, 288, norm=False),
     Compose([Resize(200, interpolation="lanczos"), CenterCrop(180)]),
-], ids=["train224", "rrc64", "rrc112-bicubic", "val", "val128", "val-pad", "val-lanczos"])
+    # upscaled (the images are 1001 px high): the box is sampled in place (warpAffine),
+    # whose kernel reaches past it -- NOTE [ render reach ]
+    Compose([Resize(1100, interpolation="lanczos"), CenterCrop(1024)]),
+    Compose([Resize(1050, interpolation="bicubic"), CenterCrop((900, 1000))]),
+], ids=["train224", "rrc64", "rrc112-bicubic", "val", "val128", "val-pad", "val-lanczos",
+        "upscale-lanczos", "upscale-bicubic"])
 def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     """NOTEs [ row-limited decode ] and [ restart windows ]: stopping the decoder below
     the crop, and starting it at a restart marker above it, give exactly the full
@@ -409,16 +414,18 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     from seqloader import _fused
     from seqloader.images import jpeg_frame
     part, whole = compile_fused(recipe), compile_fused(recipe, partial_decode=False)
-    stopped = started = narrowed = 0
+    stopped = started = narrowed = warped = 0
     for name, data in _variants().items():
         frame = jpeg_frame(data)
         buf = np.frombuffer(data, np.uint8)
-        for seed in range(12):
+        # (Resize + CenterCrop draws nothing: one seed says it all)
+        for seed in range(12 if isinstance(recipe.transforms[0], RandomResizedCrop) else 1):
             plan = part.plan(frame.height, frame.width, np.random.default_rng(seed))
-            rows = _fused.decoded_rows(frame, plan.k, plan.window.y1)
-            w = plan.window
-            reg, _ = _fused.restart_window(buf, frame, plan.k, _fused.Region(
-                int(w.y0), rows, int(w.x0), int(np.ceil(w.x1))))
+            reg, scan = part.decode_window(buf, frame, plan)
+            rows = reg.bottom
+            warped += part.warps(plan) and scan is not None
+            if "restart" in name:  # (large images: only the upscales sample in place)
+                assert part.warps(plan) == (np.max(recipe.transforms[0].size) > 1000)
             stopped += rows < frame.height
             started += reg.top > 0
             narrowed += reg.right - reg.left < frame.width
@@ -431,13 +438,18 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
         assert stopped > 24  # many random crops end well above the bottom
         assert started > 12  # and start well below the top
         assert narrowed > 6  # and leave columns out where the markers allow it
+    elif np.max(recipe.transforms[0].size) > 1000:  # upscales: sampled in place, which a
+        # window would shift (NOTE [ render reach ]): rows from the top, stopped below
+        assert warped == 0 and started == 0 and narrowed == 0 and stopped >= 6
     assert capfd.readouterr().err == ""  # the skipped tail is not reported as corrupt data
 
 
-def test_restart_window_matches_full_decode():
+@pytest.mark.parametrize("reach", [1, 6], ids=["slice-reach", "warp-reach"])
+def test_restart_window_matches_full_decode(reach):
     """NOTE [ restart windows ]: a decode of the restart segments around a crop equals
-    the full decode from 6 decoded px outside the crop inwards -- for crops starting on,
-    just before and just after every kind of segment boundary, at every scale."""
+    the full decode from ``reach`` decoded px outside the crop inwards (NOTE [ render
+    reach ]) -- for crops starting on, just before and just after every kind of segment
+    boundary, at every scale."""
     from seqloader import _fused
     from seqloader.images import jpeg_frame
     local = _fused.threading.local()
@@ -452,22 +464,22 @@ def test_restart_window_matches_full_decode():
             for d in (-1, 0, 1, 6, 7, 12, 13, 24, 25, 48, 49):
                 y0, x0, x1 = 48 + d, 64 + d, 960 + d
                 want = _fused.Region(y0, 800, x0, x1)
-                reg, scan = _fused.restart_window(buf, frame, k, want)
+                reg, scan = _fused.restart_window(buf, frame, k, want, reach)
                 if scan is None:
                     continue
                 img, got = _fused.decode_jpeg(buf, frame, k, reg, local, scan)
                 assert got == reg and reg.top % frame.mcu_height == 0
                 assert reg.left % frame.mcu_width == 0 and reg.right >= x1
                 narrowed += reg.right - reg.left < frame.width
-                # decoded rows/columns a 6-px kernel may read, minus the bottom MCU row
+                # decoded rows/columns the render may read, minus the bottom MCU row
                 # (decoded_rows()'s margin) and the right edge's 2 decoded px of chroma
                 # context (when it is not the image's edge)
-                t, l = (y0 - 6 * k) // k, (x0 - 6 * k) // k
+                t, l = (y0 - reach * k) // k, (x0 - reach * k) // k
                 assert reg.top == 0 or reg.top // k <= t - 2
                 assert reg.left == 0 or reg.left // k <= l - 2
                 b = (800 - frame.mcu_height) // k
                 r = -(-reg.right // k) - (2 if reg.right < frame.width else 0)
-                assert r >= -(-(x1 + 6 * k) // k)
+                assert r >= -(-(x1 + reach * k) // k)
                 sub = img[t - reg.top // k:b - reg.top // k, l - reg.left // k:r - reg.left // k]
                 assert np.array_equal(sub, full[t:b, l:r]), (name, k, d)
                 checked += 1
@@ -669,9 +681,7 @@ def test_restart_windows_survive_damaged_markers():
         assert _fused._splice(buf, frame, scan, _fused.Region(320, 640, 256, 768)) is None
         for seed in range(10):
             plan = pipe.plan(frame.height, frame.width, np.random.default_rng(seed))
-            w = plan.window
-            reg, _ = _fused.restart_window(buf, frame, plan.k, _fused.Region(
-                int(w.y0), frame.height, int(w.x0), int(np.ceil(w.x1))))
+            reg, _ = pipe.decode_window(buf, frame, plan)
             windows += reg.top > 0 or reg.right - reg.left < frame.width
             try:
                 out = _run(pipe, damaged, seed)
