@@ -590,12 +590,16 @@ class FusedPipeline:
         return FusedPlan(height, width, win, flip, k)
 
     def warps(self, p: FusedPlan) -> bool:
-        """Whether rendering ``p`` samples its box in place (an upscale: warpAffine, which
-        reads :data:`WARP_REACH` decoded px around it) rather than cutting it out and
-        resizing it (:data:`SLICE_REACH`).  NOTE [ render reach ]"""
+        """Whether rendering ``p`` samples its box in place (an upscale of a box that does
+        not fall on whole decoded pixels: warpAffine, which reads :data:`WARP_REACH`
+        decoded px around it) rather than cutting it out and resizing it
+        (:data:`SLICE_REACH`; RandomResizedCrop's boxes are whole pixels, so they are
+        always cut out).  Decoded regions start on MCU boundaries, multiples of ``k``.
+        NOTE [ render reach ]"""
         w = p.window
         return (self.mode in _WARP and (w.oy1 - w.oy0) * p.k >= w.y1 - w.y0
-                and (w.ox1 - w.ox0) * p.k >= w.x1 - w.x0)
+                and (w.ox1 - w.ox0) * p.k >= w.x1 - w.x0
+                and not all(float(v / p.k).is_integer() for v in (w.y0, w.x0, w.y1, w.x1)))
 
     def decode_window(self, buf: np.ndarray, frame: JpegFrame, p: FusedPlan
                       ) -> tuple[Region, JpegScan | None]:

@@ -690,3 +690,41 @@ def test_restart_windows_survive_damaged_markers():
             else:
                 assert out.shape == (64, 64, 3)
     assert windows > 0  # the windows were tried (and given up on)
+
+
+def test_opencv_reads_nothing_outside_a_slice():
+    """NOTE [ render reach ]: the render hands OpenCV the crop as a numpy slice of the
+    decoded image; OpenCV must treat it as an image of its own (border modes replicate
+    the slice's edge) -- else the 1-px margin around a cut-out box would not hold."""
+    import cv2
+
+    from seqloader import _fused
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    view = big[40:250, 50:330]
+    copy = view.copy()
+    taps = np.array([0.2, 0.6, 0.2], np.float32)
+    assert np.array_equal(cv2.sepFilter2D(view, -1, taps, taps, borderType=cv2.BORDER_REPLICATE),
+                          cv2.sepFilter2D(copy, -1, taps, taps, borderType=cv2.BORDER_REPLICATE))
+    for mode in ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos"):
+        for size in ((64, 64), (100, 90), (224, 224), (400, 500)):
+            assert np.array_equal(_fused.resize(view, *size, mode, True),
+                                  _fused.resize(copy, *size, mode, True)), (mode, size)
+
+
+def test_only_fractional_upscales_are_sampled_in_place():
+    """NOTE [ render reach ]: RandomResizedCrop's boxes are whole pixels -- also the
+    many that are upscaled on ImageNet-sized images -- so they are cut out (and keep
+    their restart windows); a Resize larger than the image puts the box on fractional
+    pixels, which warpAffine samples in place."""
+    rrc = compile_fused(train_recipe())
+    up = 0
+    for seed in range(50):
+        p = rrc.plan(375, 500, np.random.default_rng(seed))
+        up += p.window.y1 - p.window.y0 < 224
+        assert not rrc.warps(p)
+    assert up > 5  # upscaled crops were among them
+    val = compile_fused(Compose([Resize(400), CenterCrop(380)]))
+    assert val.warps(val.plan(375, 500, np.random.default_rng(0)))
+    shrink = compile_fused(val_recipe())  # Resize(256) of a larger image: cut out
+    assert not shrink.warps(shrink.plan(375, 500, np.random.default_rng(0)))
