@@ -61,9 +61,10 @@ and chroma layout; each margin mutation-checked).  ``preprocess --restart-marker
 adds such markers losslessly (``jpegtran -restart <m>B -optimize``, m ~ 4 MCUs: 64 px).
 Measured (``benchmarks/transforms_bench.py --restart-markers``): a random crop's
 segments hold ~50-65 % of an image's pixels; on 2000x1500 photos at 224 px the pipeline
-is 2.03-2.33x the plain path on the original files (1.52-1.75x without markers); on
-ImageNet-sized images +3.5-6 %: libjpeg-turbo decodes any file with a restart interval
-5-8 % slower (its fast Huffman path is off in such files) -- so the markers are opt-in.
+is 2.35-2.42x the plain path on the original files (1.53-1.74x without markers); on
+ImageNet-sized images +9-12 % (commit 567d449; +3.5-6 % before NOTE [ render reach ]'s
+margins): libjpeg-turbo decodes any file with a restart interval a few % slower (its
+fast Huffman path is off in such files) -- so the markers are opt-in.
 
 NOTE [ render reach ]
 How far beyond the crop box rendering reads sets the margins above (below the crop,
