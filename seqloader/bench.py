@@ -530,19 +530,23 @@ def _can_mincore(path: str) -> bool:
         return False
 
 
-def _resident_pages(path: str) -> tuple[int, int] | None:
-    """(resident pages, total pages) of ``path`` via mmap + mincore, or None."""
+def _resident_pages(path: str, start: int = 0, stop: int | None = None
+                    ) -> tuple[int, int] | None:
+    """(resident pages, total pages) of ``path`` -- or of its bytes ``[start, stop)``,
+    ``start`` page-aligned -- via mmap + mincore, or None."""
     if not sys.platform.startswith("linux") or not _can_mincore(path):
         return None
     page = os.sysconf("SC_PAGE_SIZE")
+    if start % page:
+        raise ValueError(f"start must be a multiple of the page size ({page}), got {start}")
     libc = _get_libc()
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        total = -(-size // page)
+        size = os.fstat(fd).st_size if stop is None else min(stop, os.fstat(fd).st_size)
+        total = -(-(size - start) // page) if size > start else 0
         resident = 0
         window = 1 << 30
-        for off in range(0, size, window):
+        for off in range(start, size, window):
             length = min(window, size - off)
             addr = libc.mmap(None, length, 1, 1, fd, off)  # PROT_READ, MAP_SHARED
             if addr in (None, ctypes.c_void_p(-1).value):

@@ -87,20 +87,13 @@ def test_readahead_skips_blocks_already_cached(big_db):
 
 
 def _cached_pages(path, offset: int, length: int) -> int:
-    """How many pages of ``path[offset:offset + length]`` are in the page cache."""
-    import ctypes
-    import mmap
+    """How many pages of ``path[offset:offset + length]`` are in the page cache (the
+    benchmarks' mincore probe)."""
+    from seqloader.bench import _resident_pages
 
-    from seqloader.pages import LIBC, PAGE
-
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-        view = np.frombuffer(m, np.uint8)
-        addr = view.ctypes.data + offset
-        pages = -(-length // PAGE)
-        vec = (ctypes.c_ubyte * pages)()
-        assert LIBC.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(pages * PAGE), vec) == 0
-        del view
-        return sum(b & 1 for b in bytes(vec))
+    got = _resident_pages(str(path), offset, offset + length)
+    assert got is not None, f"mincore cannot see {path}"
+    return got[0]
 
 
 def test_readahead_reads_only_the_pages_not_cached(big_db):
