@@ -125,8 +125,7 @@ def crop_byte_share(fine: np.ndarray, frame, reg: _fused.Region) -> float:
     """Share of the entropy-coded bytes (markers excluded) that code the MCUs of ``reg``."""
     scan = jpeg_scan(fine, frame)
     data = fine[scan.offset:]
-    ff = np.flatnonzero(data[:-1] == 0xFF)
-    marks = ff[(data[ff + 1] >= 0xD0) & (data[ff + 1] <= 0xD7)]
+    marks = _fused.restart_marks(data)
     ends = np.concatenate((marks, [len(data) - 2]))  # EOI at the end
     starts = np.concatenate(([0], marks + 2))
     sizes = (ends - starts).astype(np.float64)

@@ -238,6 +238,14 @@ def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
     return Region(top, region.bottom, left, right), scan
 
 
+def restart_marks(data: np.ndarray) -> np.ndarray:
+    """Offsets of the RSTn markers (``FF D0``-``FF D7``) in entropy-coded ``data`` (uint8)
+    -- byte stuffing keeps any other ``FF`` there from looking like one."""
+    ff = np.flatnonzero(data[:-1] == 0xFF)
+    nxt = data[ff + 1]
+    return ff[(nxt >= 0xD0) & (nxt <= 0xD7)]
+
+
 def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
             ) -> np.ndarray | None:
     """A JPEG of the source pixels ``reg`` (on segment boundaries, see
@@ -249,9 +257,7 @@ def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
     b0, b1 = reg.top // band_px, -(-reg.bottom // band_px)
     g0, g1 = reg.left // group_px, -(-reg.right // group_px)
     data = buf[scan.offset:]
-    ff = np.flatnonzero(data[:-1] == 0xFF)
-    nxt = data[ff + 1]
-    marks = ff[(nxt >= 0xD0) & (nxt <= 0xD7)]  # marks[s] ends segment s
+    marks = restart_marks(data)  # marks[s] ends segment s
     if len(marks) != bands * groups - 1:
         return None
     starts = np.concatenate(([0], marks + 2))  # segment s: [starts[s], ends[s])
