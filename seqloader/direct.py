@@ -44,6 +44,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .format import FormatError
+from .pages import address
 
 __all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
            "physical_memory"]
@@ -344,8 +345,8 @@ def _ring(size: int) -> mmap.mmap:
 
 def _huge_offset(m: mmap.mmap) -> int:
     """Offset of the first 2 MiB boundary inside ``m``."""
-    addr = np.frombuffer(m, np.uint8, count=1).__array_interface__["data"][0]
-    return -addr % _HUGE
+    with memoryview(m) as view:
+        return -address(view) % _HUGE
 
 
 def _read_unaligned(part: Part, off: int, n: int) -> bytes:
