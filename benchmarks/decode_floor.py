@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, SIZES, STD, make_set, timed  # noqa: E402
 
 from seqloader import _fused  # noqa: E402
-from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan  # noqa: E402
+from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan, restart_marks  # noqa: E402
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 
@@ -125,7 +125,7 @@ def crop_byte_share(fine: np.ndarray, frame, reg: _fused.Region) -> float:
     """Share of the entropy-coded bytes (markers excluded) that code the MCUs of ``reg``."""
     scan = jpeg_scan(fine, frame)
     data = fine[scan.offset:]
-    marks = _fused.restart_marks(data)
+    marks = restart_marks(data)
     ends = np.concatenate((marks, [len(data) - 2]))  # EOI at the end
     starts = np.concatenate(([0], marks + 2))
     sizes = (ends - starts).astype(np.float64)

@@ -56,7 +56,9 @@ edge sees itself instead, which changes its outermost decoded pixel) and rounds 
 segment boundaries, and :func:`_splice` builds a JPEG of
 just those segments -- in each band of rows the chosen segments are one contiguous run
 of bytes -- with the frame size patched and the markers renumbered from RST0 (decoders
-check the sequence).  Pixels are bit-identical to a full decode (tested at every scale
+check the sequence).  Where the segments are comes from the file's restart index
+(NOTE [ restart index ] in ``seqloader/images.py``; checked marker by marker) or, without
+one, from a scan of the entropy-coded bytes.  Pixels are bit-identical to a full decode (tested at every scale
 and chroma layout; each margin mutation-checked).  ``preprocess --restart-markers``
 adds such markers losslessly (``jpegtran -restart <m>B -optimize``, m ~ 4 MCUs: 64 px).
 Measured (``benchmarks/transforms_bench.py --restart-markers``): a random crop's
@@ -94,7 +96,8 @@ from typing import Any, NamedTuple
 import cv2
 import numpy as np
 
-from .images import JpegFrame, JpegScan, jpeg_frame, jpeg_scan, restart_layout
+from .images import (JpegFrame, JpegScan, indexed_marks, jpeg_frame, jpeg_scan,
+                     restart_layout, restart_marks)
 
 try:
     import simplejpeg
@@ -238,54 +241,74 @@ def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
     return Region(top, region.bottom, left, right), scan
 
 
-def restart_marks(data: np.ndarray) -> np.ndarray:
-    """Offsets of the RSTn markers (``FF D0``-``FF D7``) in entropy-coded ``data`` (uint8)
-    -- byte stuffing keeps any other ``FF`` there from looking like one."""
-    ff = np.flatnonzero(data[:-1] == 0xFF)
-    nxt = data[ff + 1]
-    return ff[(nxt >= 0xD0) & (nxt <= 0xD7)]
+def _marks(buf: np.ndarray, scan: JpegScan, count: int) -> tuple[np.ndarray, bool] | None:
+    """``(offsets, checked)``: where the ``count`` RSTn markers of a scan are (from the
+    start of its entropy-coded data; marker ``s`` ends segment ``s``) -- as its restart
+    index says (``checked`` False: the caller checks the ones it uses; NOTE [ restart
+    index ]) or found by scanning (True) -- or None if the scan does not hold ``count``."""
+    marks = indexed_marks(buf, scan)
+    if marks is not None and len(marks) == count:
+        return marks, False
+    marks = restart_marks(buf[scan.offset:])
+    return (marks, True) if len(marks) == count else None
+
+
+def _at_markers(data: np.ndarray, at: np.ndarray, seg: np.ndarray) -> bool:
+    """Whether ``data[at]`` (ascending offsets) hold the markers that end segments
+    ``seg``: ``FF Dn`` with ``n = seg % 8``."""
+    if len(at) == 0:
+        return True
+    if at[0] < 0 or at[-1] + 1 >= len(data):
+        return False
+    got = data[at + 1] ^ (seg & 7)  # 0xD0 where the number is right (0xD0 has no low bits)
+    return int(got.min()) == int(got.max()) == 0xD0 and int(data[at].min()) == 0xFF
 
 
 def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
             ) -> np.ndarray | None:
     """A JPEG of the source pixels ``reg`` (on segment boundaries, see
-    :func:`restart_window`): the headers with the frame size patched, the restart
-    segments that code them -- each band's run of segments is contiguous in the file --
-    with their markers renumbered from RST0 (decoders check the sequence), and an EOI.
-    None if the markers are not where the header says they are."""
+    :func:`restart_window`): the headers with the frame size patched (and without the
+    restart index), the restart segments that code them -- each band's run of segments
+    is contiguous in the file -- with their markers renumbered from RST0 (decoders check
+    the sequence), and an EOI.  None if the markers are not where the header says."""
     bands, groups, band_px, group_px = restart_layout(frame, scan)
     b0, b1 = reg.top // band_px, -(-reg.bottom // band_px)
     g0, g1 = reg.left // group_px, -(-reg.right // group_px)
-    data = buf[scan.offset:]
-    marks = restart_marks(data)  # marks[s] ends segment s
-    if len(marks) != bands * groups - 1:
+    count, ng = bands * groups - 1, g1 - g0  # markers in the scan, segments per band
+    found = _marks(buf, scan, count)
+    if found is None:
         return None
-    starts = np.concatenate(([0], marks + 2))  # segment s: [starts[s], ends[s])
-    ends = np.concatenate((marks + 2, [len(data)]))  # its marker included, if any
-    first = np.arange(b0, b1) * groups + g0  # each band's first and last segment
-    last = first + (g1 - g0 - 1)
-    lo, hi = starts[first], ends[last]
-    if last[-1] < len(marks):  # the final piece's marker is not needed
-        hi = hi.copy()
+    marks, checked = found
+    end = len(buf) - scan.offset
+    # grid[i]: the marker before band i's first segment, then the one after each of its
+    # segments; -1 and count stand for the scan's start and end (no marker there)
+    grid = np.arange(b0 * groups + g0 - 1, b1 * groups + g0 - 1, groups)[:, None] + np.arange(ng + 1)
+    pos = np.concatenate(([-2], marks, [end - 2]))[grid + 1]  # marker offsets (+2: after it)
+    real = slice(int(grid[0, 0] < 0), grid.size - int(grid[-1, -1] >= count))
+    if not checked and not _at_markers(buf[scan.offset:], pos.ravel()[real], grid.ravel()[real]):
+        found = _marks(buf, scan._replace(index=(0, 0)), count)  # scan for them instead
+        if found is None:
+            return None
+        pos = np.concatenate(([-2], found[0], [end - 2]))[grid + 1]
+    lo, hi = pos[:, 0] + 2, pos[:, -1] + 2
+    if grid[-1, -1] < count:  # the final piece's marker is not needed
         hi[-1] -= 2
+    a, b = scan.index
+    mv = memoryview(buf)
+    head = [mv[:a], mv[b:scan.offset]] if b > a else [mv[:scan.offset]]
+    o = scan.offset
+    out = bytearray().join(head + [mv[o + x:o + y] for x, y in zip(lo.tolist(), hi.tolist())]
+                           + [b"\xff\xd9"])
+    arr = np.frombuffer(out, np.uint8)
+    f = frame.offset + 5  # (the index sits after the frame header: offsets before it hold)
+    arr[f:f + 4] = (*divmod(reg.bottom - reg.top, 256), *divmod(reg.right - reg.left, 256))
+    # renumber the copied markers (each band's, after its segments; not the final one):
+    # piece i starts at len(headers) + the lengths of the pieces before it
     lens = hi - lo
-    out = np.empty(scan.offset + int(lens.sum()) + 2, np.uint8)
-    out[:scan.offset] = buf[:scan.offset]
-    o = frame.offset + 5
-    out[o:o + 4] = (*divmod(reg.bottom - reg.top, 256), *divmod(reg.right - reg.left, 256))
-    body = out[scan.offset:-2]
-    pos = 0
-    for a, n in zip(lo.tolist(), lens.tolist()):
-        body[pos:pos + n] = data[a:a + n]
-        pos += n
-    # the markers inside the copy, in order (segment s's marker ends its bytes)
-    seg = (np.arange(b0, b1)[:, None] * groups + np.arange(g0, g1)[None, :]).ravel()
-    seg = seg[seg < len(marks)][: (b1 - b0) * (g1 - g0) - 1]
-    base = np.repeat(np.cumsum(lens) - lens - lo, g1 - g0)[:len(seg)]
-    at = base + marks[seg] + 1  # the byte after 0xFF
-    body[at] = 0xD0 + (np.arange(len(at)) & 7)
-    out[-2:] = (0xFF, 0xD9)
-    return out
+    start = (scan.offset - (b - a)) + np.cumsum(lens) - lens - lo
+    at = (pos[:, 1:] + start[:, None]).ravel()[:-1] + 1  # the byte after each 0xFF
+    arr[at] = 0xD0 + (np.arange(len(at)) & 7)
+    return arr
 
 
 def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,

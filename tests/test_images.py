@@ -124,6 +124,7 @@ def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
     out = add_restart_markers(data)
     frame = jpeg_frame(out)
     assert jpeg_scan(out, frame).restart == 4  # 20 MCUs of 16 px per row: 5 segments
+    assert jpeg_scan(out, frame).index != (0, 0)  # NOTE [ restart index ]
     assert restart_blocks(19) == 1 and restart_blocks(32) == 4 and restart_blocks(125) == 5
     assert np.array_equal(decode_bgr(out), decode_bgr(data))
     # optimal Huffman tables: smaller than the original despite 19 markers (mutation:
@@ -143,4 +144,6 @@ def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
     p = prepare_image(data, restart=True)
     assert p.data == out and p.reencoded == "restart"
     png = cv2.imencode(".png", img)[1].tobytes()
-    assert restart_grid(prepare_image(png, restart=True).data)  # re-encoded with markers
+    reencoded = prepare_image(png, restart=True).data
+    assert restart_grid(reencoded)  # re-encoded with markers, and their index
+    assert jpeg_scan(reencoded, jpeg_frame(reencoded)).index != (0, 0)

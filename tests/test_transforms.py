@@ -347,9 +347,11 @@ def test_reduced_decode_used_only_when_allowed(jpegs):
     assert np.array_equal(_run(red, small, 0), _run(full, small, 0))
 
 
-def _variants() -> dict[str, bytes]:
+def _variants(index: bool = False) -> dict[str, bytes]:
     """Sequential JPEGs of every chroma layout, with restart markers, grey, and a
-    progressive one (decoded whole), at sizes that are not whole MCU rows."""
+    progressive one (decoded whole), at sizes that are not whole MCU rows; with
+    ``index``, also each one whose markers tile it with a restart index added
+    (``<name>+index``: NOTE [ restart index ])."""
     img = smooth_rgb(1001, 1337, seed=7)
     bgr = cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
     sf = cv2.IMWRITE_JPEG_SAMPLING_FACTOR
@@ -378,6 +380,10 @@ def _variants() -> dict[str, bytes]:
     for name, interval in (("gray-restart-row", 168), ("gray-restart-6mcu", 6)):
         out[name] = cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_RST_INTERVAL, interval])[1].tobytes()
     out["small"] = jpeg(smooth_rgb(90, 70, seed=8))  # upscaled: the warpAffine branch
+    if index:
+        from seqloader.images import add_restart_index
+        indexed = {f"{n}+index": add_restart_index(d) for n, d in out.items()}
+        out.update({n: d for n, d in indexed.items() if d != out[n[:-len("+index")]]})
     return out
 
 
@@ -415,7 +421,7 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     from seqloader.images import jpeg_frame
     part, whole = compile_fused(recipe), compile_fused(recipe, partial_decode=False)
     stopped = started = narrowed = warped = 0
-    for name, data in _variants().items():
+    for name, data in _variants(index=True).items():
         frame = jpeg_frame(data)
         buf = np.frombuffer(data, np.uint8)
         # (Resize + CenterCrop draws nothing: one seed says it all)
@@ -454,7 +460,9 @@ def test_restart_window_matches_full_decode(reach):
     from seqloader.images import jpeg_frame
     local = _fused.threading.local()
     checked = narrowed = 0
-    for name, data in _variants().items():
+    variants = _variants(index=True)
+    assert sum(n.endswith("+index") for n in variants) == 6  # the ones whose markers tile
+    for name, data in variants.items():
         if "restart-" not in name:
             continue
         buf, frame = np.frombuffer(data, np.uint8), jpeg_frame(data)
@@ -690,6 +698,45 @@ def test_restart_windows_survive_damaged_markers():
             else:
                 assert out.shape == (64, 64, 3)
     assert windows > 0  # the windows were tried (and given up on)
+
+
+def test_restart_index_is_used_and_a_wrong_one_is_not_trusted():
+    """NOTE [ restart index ]: the index adds no pixels, lists exactly the markers a scan
+    finds, is left out of spliced copies, and where it disagrees with the data (here two
+    segment lengths swapped: the same count and total) the markers are found by
+    scanning -- same samples as a full decode."""
+    from seqloader import _fused
+    from seqloader.images import (_INDEX_TAG, add_restart_index, indexed_marks, jpeg_frame,
+                                  jpeg_scan, restart_marks)
+    data = _variants()["restart-4mcu"]
+    indexed = add_restart_index(data)
+    frame, buf = jpeg_frame(indexed), np.frombuffer(indexed, np.uint8)
+    scan = jpeg_scan(indexed, frame)
+    marks = restart_marks(buf[scan.offset:])
+    assert len(marks) == 63 * 21 - 1  # 63 rows of 16 px x 21 groups of 4 MCUs
+    assert len(indexed) == len(data) + 4 + len(_INDEX_TAG) + 2 * len(marks)
+    assert np.array_equal(indexed_marks(buf, scan), marks)
+    assert add_restart_index(indexed) is indexed and add_restart_index(_variants()["420"]) is not None
+    assert np.array_equal(cv2.imdecode(buf, cv2.IMREAD_COLOR),
+                          cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR))
+    spliced = _fused._splice(buf, frame, scan, _fused.Region(320, 640, 256, 768))
+    assert _INDEX_TAG not in spliced.tobytes()
+    # two neighbouring lengths swapped, inside the rows crops use
+    at = scan.index[0] + 4 + len(_INDEX_TAG) + 2 * (21 * 30 + 5)
+    wrong = bytearray(indexed)
+    wrong[at:at + 2], wrong[at + 2:at + 4] = indexed[at + 2:at + 4], indexed[at:at + 2]
+    assert bytes(wrong) != indexed
+    pipe = compile_fused(Compose([RandomResizedCrop(64, scale=(0.05, 0.3))]))
+    whole = compile_fused(Compose([RandomResizedCrop(64, scale=(0.05, 0.3))]), partial_decode=False)
+    spliced_rows = 0
+    for seed in range(40):
+        plan = pipe.plan(frame.height, frame.width, np.random.default_rng(seed))
+        reg, _ = pipe.decode_window(buf, frame, plan)
+        spliced_rows += reg.top // 16 <= 30 < reg.bottom // 16
+        want = _run(whole, data, seed)
+        assert np.array_equal(_run(pipe, indexed, seed), want), seed
+        assert np.array_equal(_run(pipe, bytes(wrong), seed), want), seed
+    assert spliced_rows >= 5  # crops that use the swapped segments' row
 
 
 def test_opencv_reads_nothing_outside_a_slice():
