@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, SIZES, STD, make_set, timed  # noqa: E402
 
 from seqloader import _fused  # noqa: E402
-from seqloader.images import add_restart_markers, jpeg_frame, jpeg_scan, restart_marks  # noqa: E402
+from seqloader.images import (add_restart_index, add_restart_markers, jpeg_frame,  # noqa: E402
+                              jpeg_scan, restart_marks)
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 
@@ -74,7 +75,8 @@ def grid_costs(originals: list[bytes], draws: int, repeat: int) -> dict:
     decoded region shrinks), but every marker costs bytes, Huffman-decoder restarts and
     splice work.  The fused pipeline on the same draws (those with a reduced decode) over
     copies with a marker every MCU, every ~2 MCUs (2, else 3, else 1: a divisor of the
-    row) and as ``preprocess --restart-markers`` stores them (~4), against the plain
+    row) and as ``preprocess --restart-markers`` stores them (~4), each with a restart index
+    (NOTE [ restart index ]), against the plain
     path; methods interleaved per sample (``transforms_bench.timed``)."""
     recipe = Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
                       Normalize(MEAN, STD)])
@@ -87,8 +89,8 @@ def grid_costs(originals: list[bytes], draws: int, repeat: int) -> dict:
         per = -(-fr.width // fr.mcu_width)
         return every_mcu(o, next(m for m in (2, 3, 1) if per % m == 0))
 
-    copies = {"every MCU": [every_mcu(o) for o in originals],
-              "~2 MCUs": [near2(o) for o in originals],
+    copies = {"every MCU": [add_restart_index(every_mcu(o)) for o in originals],
+              "~2 MCUs": [add_restart_index(near2(o)) for o in originals],
               "stored (~4 MCUs)": [add_restart_markers(o) for o in originals]}
     samples = []
     for d in range(draws):

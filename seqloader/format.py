@@ -10,7 +10,9 @@ A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
   Optional fields: ``"path"`` (the source file relative to its split folder) and
   ``"reencoded"`` (why the stored bytes are not the source file's: ``"cmyk"``,
   ``"png"``..., ``"resized"``, or ``"restart"`` for the lossless restart-marker
-  transcode).  Readers must ignore fields they do not know.
+  transcode).  Readers must ignore fields they do not know.  An image with restart
+  markers may carry a restart index (an APP15 segment before its SOS, NOTE [ restart
+  index ] in ``seqloader/images.py``): still a valid JPEG, which other decoders skip.
 * One **metadata** value under the key :data:`META_KEY`, also a msgpack map (see
   :class:`Meta`).  It is written first with ``complete=False`` and rewritten with
   ``complete=True`` in the very last transaction, so a file whose metadata says

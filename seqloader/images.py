@@ -172,9 +172,10 @@ def indexed_marks(buf: np.ndarray, scan: JpegScan) -> np.ndarray | None:
     restart index of a JPEG (uint8 ``buf``) claims, unchecked, or None if it has no
     index (NOTE [ restart index ]; the caller checks the markers it uses)."""
     a, b = scan.index
-    if b <= a:
+    start = a + 4 + len(_INDEX_TAG)
+    if b <= start or (b - start) % 2:  # none, or not a list of uint16 (damaged)
         return None
-    lengths = np.frombuffer(buf[a + 4 + len(_INDEX_TAG):b], "<u2")
+    lengths = np.frombuffer(buf[start:b], "<u2")
     return np.cumsum(lengths, dtype=np.int64) - 2
 
 

@@ -737,6 +737,15 @@ def test_restart_index_is_used_and_a_wrong_one_is_not_trusted():
         assert np.array_equal(_run(pipe, indexed, seed), want), seed
         assert np.array_equal(_run(pipe, bytes(wrong), seed), want), seed
     assert spliced_rows >= 5  # crops that use the swapped segments' row
+    # a damaged index segment (an odd number of bytes) or one too short is ignored
+    for body in (b"\x01\x02\x03", b"\x10\x00" * 7):
+        payload = _INDEX_TAG + body
+        seg = b"\xff\xef" + (len(payload) + 2).to_bytes(2, "big") + payload
+        odd = data[:jpeg_scan(data, frame).sos] + seg + data[jpeg_scan(data, frame).sos:]
+        oscan = jpeg_scan(odd, frame)
+        assert oscan.index != (0, 0)
+        assert len(body) % 2 or len(indexed_marks(np.frombuffer(odd, np.uint8), oscan)) == 7
+        assert all(np.array_equal(_run(pipe, odd, seed), _run(whole, data, seed)) for seed in range(8))
 
 
 def test_opencv_reads_nothing_outside_a_slice():
