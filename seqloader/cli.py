@@ -114,7 +114,9 @@ def _writer_options(w: dict | None) -> str:
     if w.get("max_size"):
         opts.append(f"max-size {w['max_size']} (quality {w.get('quality')})")
     if w.get("restart_markers"):
-        opts.append("restart markers")
+        opts.append("restart markers and their index" if w.get("restart_index") else
+                    "restart markers without an index (an older writer: each crop scans for "
+                    "the markers; re-create the file for ~4 % faster decoding)")
     return ", ".join(opts)
 
 

@@ -211,7 +211,9 @@ class _ShardWriter:
                         created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                         writer={"seqloader": __version__, "verify": o.verify,
                                 "max_size": o.max_size, "quality": o.quality,
-                                "restart_markers": o.restart_markers})
+                                "restart_markers": o.restart_markers,
+                                # NOTE [ restart index ] in images.py (absent: an older writer)
+                                "restart_index": o.restart_markers})
         # the fingerprint includes FORMAT_VERSION, which fixes the algorithm
         assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm
         return meta
