@@ -544,6 +544,17 @@ class FusedPlan:
     k: int  # decode scale denominator (1 = full resolution)
 
 
+class Prepared(NamedTuple):
+    """One sample between :meth:`FusedPipeline.prepare` and :meth:`FusedPipeline.finish`."""
+
+    buf: np.ndarray  # the encoded bytes
+    frame: JpegFrame | None  # None: not a JPEG, decoded already (``image``)
+    plan: FusedPlan
+    region: Region  # the source pixels to decode (or decoded)
+    scan: JpegScan | None  # the scan to splice the region from; None: rows from the top
+    image: np.ndarray | None
+
+
 class FusedPipeline:
     """Decode encoded JPEG bytes and write one finished sample into ``out``.
 
@@ -651,10 +662,18 @@ class FusedPipeline:
                  rng: np.random.Generator | None = None) -> None:
         """Decode ``data`` and write the sample into ``out`` (shape ``out_shape``,
         dtype ``out_dtype``).  ``rng`` None uses the module default generator.
-        Raises ValueError if ``out`` does not match or the bytes cannot be decoded."""
-        if out.shape != self.out_shape or out.dtype != self.out_dtype:
-            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; this pipeline "
-                             f"writes {self.out_shape} {self.out_dtype}")
+        Raises ValueError if ``out`` does not match or the bytes cannot be decoded.
+        Same as ``finish(prepare(data, rng), out)``."""
+        self._check_out(out)
+        self.finish(self.prepare(data, rng), out)
+
+    def prepare(self, data: bytes | memoryview | np.ndarray,
+                rng: np.random.Generator | None = None) -> Prepared:
+        """The first half of a sample: read the JPEG header, draw the sample's crop and
+        flip (consuming ``rng`` exactly as ``__call__`` does) and choose what to
+        decode.  Cheap -- no decoding, except for non-JPEG data (decoded here, whole:
+        its size is needed to draw the crop).  ``data`` must stay unchanged until
+        :meth:`finish`.  NOTE [ draw, then decode ] in ``seqloader/producer.py``."""
         if rng is None:
             rng = get_default_rng()
         buf = as_buffer(data)
@@ -664,17 +683,32 @@ class FusedPipeline:
             if img is None:
                 raise ValueError(f"cannot decode image ({buf.size} bytes)")
             p = self.plan(img.shape[0], img.shape[1], rng, jpeg=False)
-            region = Region(0, img.shape[0], 0, img.shape[1])
-        else:
-            p = self.plan(frame.height, frame.width, rng)
-            region, scan = Region(0, frame.height, 0, frame.width), None
-            if self.partial_decode:
-                region, scan = self.decode_window(buf, frame, p)
-            img, region = decode_jpeg(buf, frame, p.k, region, self._local, scan)
+            return Prepared(buf, None, p, Region(0, img.shape[0], 0, img.shape[1]), None, img)
+        p = self.plan(frame.height, frame.width, rng)
+        region, scan = Region(0, frame.height, 0, frame.width), None
+        if self.partial_decode:
+            region, scan = self.decode_window(buf, frame, p)
+        return Prepared(buf, frame, p, region, scan, None)
+
+    def finish(self, prep: Prepared, out: np.ndarray) -> None:
+        """The second half: decode what :meth:`prepare` chose and write the sample into
+        ``out``.  Raises ValueError if ``out`` does not match or the bytes cannot be
+        decoded."""
+        self._check_out(out)
+        img, region = prep.image, prep.region
+        if img is None:
+            img, region = decode_jpeg(prep.buf, prep.frame, prep.plan.k, region, self._local,
+                                      prep.scan)
             if img is None:
-                raise ValueError(f"cannot decode JPEG ({buf.size} bytes, "
-                                 f"header {frame.height}x{frame.width}x{frame.components})")
-        self._render(img, p, region, out)
+                f = prep.frame
+                raise ValueError(f"cannot decode JPEG ({prep.buf.size} bytes, "
+                                 f"header {f.height}x{f.width}x{f.components})")
+        self._render(img, prep.plan, region, out)
+
+    def _check_out(self, out: np.ndarray) -> None:
+        if out.shape != self.out_shape or out.dtype != self.out_dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; this pipeline "
+                             f"writes {self.out_shape} {self.out_dtype}")
 
     def _render(self, img: np.ndarray, p: FusedPlan, reg: Region, out: np.ndarray) -> None:
         """Crop, resize, flip and convert ``img``: the source pixels ``reg`` of the image

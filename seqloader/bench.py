@@ -757,9 +757,11 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     over encoded images already in memory (no I/O): the most one worker can deliver.
 
     ``source`` selects the code path.  A :class:`~seqloader.Database` (or a database
-    path): what a seqloader worker does per record -- msgpack-unpack, then the fused
-    pipeline (``compile_fused(transform)``) writing into a preallocated sample, or,
-    for other transforms, ``decode_rgb`` + transform + copy into it.  A
+    path): what a seqloader worker does -- with a fused pipeline
+    (``compile_fused(transform)``) the workers' own ``decode_batch`` over batches of 16
+    records (unpack, draw, decode into preallocated samples: NOTE [ draw, then decode ]
+    in ``seqloader/producer.py``), or, for other transforms, msgpack-unpack +
+    ``decode_rgb`` + transform + copy into a sample.  A
     :class:`~seqloader.Scan` or a sequence of image file paths: what the files loader
     does -- ``decode_rgb`` + transform.  ``records`` images spread over the data are
     read first; the loop runs whole passes over them until ``seconds`` have passed
@@ -779,7 +781,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     import msgpack
 
     from .database import Database, open_database
-    from .producer import batch_rng
+    from .producer import ProducerSpec, batch_rng, decode_batch
     from .scan import Scan
     from .transforms import adapt, compile_fused, decode_rgb
 
@@ -798,13 +800,23 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
             s = np.asarray(fn(decode_rgb(first), rng))
             out = np.empty((16, *s.shape), s.dtype)
 
-        def one(i: int, value: bytes) -> None:
-            rec = msgpack.unpackb(value, raw=False)
-            data = rec["image"]
+        if fused is not None:  # whole runs of 16, as a worker does them
+            spec = ProducerSpec(db=source, mode="decode", seed=seed, rank=0, shuffle=False,
+                                cache=0, warmup=0, batch_size=16, fused=fused,
+                                sample_shape=fused.out_shape, sample_dtype=str(fused.out_dtype))
+            labels = np.empty(16, np.int64)
+            values = [values[k:k + 16] for k in range(0, len(values) - 15, 16)] or [values]
+
+        def one(i: int, value: Any) -> int:
             if fused is not None:
-                fused(data, out[i % 16], rng)
-            elif fn is not None:
-                np.copyto(out[i % 16], np.asarray(fn(decode_rgb(data), rng)), casting="same_kind")
+                decode_batch(spec, value, range(len(value)), labels[:len(value)],
+                             out[:len(value)], rng)
+                return len(value)
+            rec = msgpack.unpackb(value, raw=False)
+            if fn is not None:
+                np.copyto(out[i % 16], np.asarray(fn(decode_rgb(rec["image"]), rng)),
+                          casting="same_kind")
+            return 1
     else:
         if isinstance(source, Scan):
             paths = [os.path.join(source.root, source.paths[i])
@@ -816,14 +828,16 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
             with open(p, "rb") as f:
                 values.append(f.read())
 
-        def one(i: int, value: bytes) -> None:
+        def one(i: int, value: Any) -> int:
             if transform is not None:
                 np.ascontiguousarray(transform(decode_rgb(value)))
+            return 1
     if not values:
         raise ValueError("cpu_limit: no records to measure")
     if stats is not None:
-        stats.update(records=len(values),
-                     sample_mean_bytes=round(sum(len(v) for v in values) / len(values), 1))
+        flat = [v for u in values for v in u] if isinstance(values[0], list) else values
+        stats.update(records=len(flat),
+                     sample_mean_bytes=round(sum(len(v) for v in flat) / len(flat), 1))
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
@@ -832,8 +846,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
         n, t0 = 0, time.perf_counter()
         while True:
             for v in values:
-                one(n, v)
-                n += 1
+                n += one(n, v)
             dt = time.perf_counter() - t0
             if dt >= seconds:
                 break

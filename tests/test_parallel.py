@@ -209,3 +209,47 @@ def test_fork_after_parent_used_opencv_threads_does_not_hang(lmdb_dir):
     assert out.returncode == 0, out.stderr
     count, threads = out.stdout.split()
     assert int(count) > 0 and int(threads) == 4  # the parent's setting is restored
+
+
+def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_dir):
+    """NOTE [ draw, then decode ]: a batch's fused samples are drawn a run at a time and
+    then decoded -- the same samples as one record at a time, and a record that fails
+    while decoding (here the 21st of 40, in the second run) is the one named."""
+    import numpy as np
+    from conftest import read_records
+    from seqloader.format import pack_record
+    from seqloader.producer import _RUN, ProducerSpec, batch_rng, decode_batch
+    recs = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")][:40]
+    assert len(recs) == 40 and _RUN < 21 < 2 * _RUN
+    fused = T.compile_fused(T.Compose([T.RandomResizedCrop(24, scale=(0.05, 0.5)),
+                                       T.RandomHorizontalFlip(), T.ToTensor()]))
+    spec = ProducerSpec(db=None, mode="decode", seed=0, rank=0, shuffle=False, cache=0,
+                        warmup=0, batch_size=40, fused=fused, sample_shape=fused.out_shape,
+                        sample_dtype=str(fused.out_dtype))
+    values = [pack_record(r) for r in recs]
+    labels = np.empty(40, np.int64)
+    samples = np.empty((40, *fused.out_shape), fused.out_dtype)
+    decode_batch(spec, values, range(100, 140), labels, samples, batch_rng(0, 1, 0, 7))
+    rng = batch_rng(0, 1, 0, 7)
+    one = np.empty(fused.out_shape, fused.out_dtype)
+    for i, r in enumerate(recs):  # one record at a time, the same generator
+        fused(r.image, one, rng)
+        assert np.array_equal(one, samples[i]) and labels[i] == r.label, i
+
+    class FailsOn21st:  # prepares everything; the 21st decode fails
+        def __init__(self):
+            self.n = 0
+
+        def prepare(self, data, rng):
+            return fused.prepare(data, rng)
+
+        def finish(self, prep, out):
+            self.n += 1
+            if self.n == 21:
+                raise ValueError("cannot decode JPEG (damaged)")
+            fused.finish(prep, out)
+
+    spec.fused = FailsOn21st()
+    with pytest.raises(RecordError, match=r"record 120 \(.*JPEG\): ValueError: cannot decode"):
+        decode_batch(spec, values, range(100, 140), labels, samples, batch_rng(0, 1, 0, 7))
+    assert spec.fused.n == 21  # and nothing after it was decoded
