@@ -147,3 +147,18 @@ def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
     reencoded = prepare_image(png, restart=True).data
     assert restart_grid(reencoded)  # re-encoded with markers, and their index
     assert jpeg_scan(reencoded, jpeg_frame(reencoded)).index != (0, 0)
+
+
+def test_restart_index_only_where_it_fits():
+    """NOTE [ restart index ]: one uint16 per segment in one APP15 segment -- a file with
+    more segments than that holds (here a restart marker after every 8x8 MCU of a grey
+    1448 px square: 32,760) gets no index and is returned as it is."""
+    from seqloader.images import _INDEX_MAX, add_restart_index, jpeg_frame, jpeg_scan
+    assert (1440 // 8) ** 2 - 1 <= _INDEX_MAX < (1448 // 8) ** 2 - 1
+    for side, fits in ((1440, True), (1448, False)):
+        grey = (np.indices((side, side)).sum(0) % 251).astype(np.uint8)
+        data = cv2.imencode(".jpg", grey, [cv2.IMWRITE_JPEG_RST_INTERVAL, 1])[1].tobytes()
+        out = add_restart_index(data)
+        assert (out is not data) == fits
+        assert (jpeg_scan(out, jpeg_frame(out)).index != (0, 0)) == fits
+        assert np.array_equal(decode_bgr(out), decode_bgr(data))
