@@ -563,7 +563,10 @@ class FusedPipeline:
     applied) or ``(H, W, 3) uint8`` (channels-last, normalise on the device).
 
     Picklable (scratch buffers are per thread and not pickled), thread-safe and
-    reentrant across threads; one instance may serve a whole worker process.
+    reentrant across threads; one instance may serve a whole worker process.  A call
+    is :meth:`prepare` (header, random draw, decode window: cheap, consumes the
+    generator) then :meth:`finish` (decode and render); workers prepare a run of
+    samples before finishing them (NOTE [ draw, then decode ] in ``producer.py``).
     """
 
     def __init__(self, geometry: RRCGeometry | ResizeCropGeometry, out_hw: tuple[int, int], *,
