@@ -6,9 +6,12 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .format import FormatError
+
+if TYPE_CHECKING:
+    from .database import Database
 
 __all__ = ["main", "add_preprocess_arguments", "run_preprocess"]
 
@@ -124,7 +127,7 @@ def _writer_options(w: dict | None) -> str:
     return ", ".join(opts)
 
 
-def _restart_markers(db) -> str | None:
+def _restart_markers(db: Database) -> str | None:
     """Whether the first record's image has restart markers in a grid: ``"index"`` (and
     a restart index, NOTE [ restart index ]), ``"markers"`` (without one) or None."""
     from .database import close_env, open_env
