@@ -31,7 +31,8 @@ them is entropy-decoded -- the part of the work DCT scaling cannot shrink (a 1/8
 decode still costs ~50-70 % of a full one).  libjpeg has no "stop here" switch that
 OpenCV exposes, but the frame height is just two bytes of the SOF header: we decode a
 copy whose header says ``rows`` (rows = the crop's last row + the resampling kernel's
-reach + the next chroma row that upsampling looks at, rounded up to whole MCU rows).
+reach + one decoded row, the one chroma upsampling changes at a stopped decode's
+bottom, rounded up to whole MCU rows).
 The decoder then reads that many MCU rows and skips the rest of the scan as
 "extraneous bytes" -- a warning, which ``simplejpeg`` (libjpeg-turbo's TurboJPEG API)
 keeps to itself with ``strict=False`` while OpenCV would print it to stderr for every
@@ -191,8 +192,10 @@ def decoded_rows(frame: JpegFrame, k: int, y1: float, reach: int = WARP_REACH) -
     if frame.marker not in _SEQUENTIAL or not _via_simplejpeg(frame):
         return frame.height
     mcu = frame.mcu_height
-    # + 4 decoded px: chroma upsampling's look at the next chroma row, any subsampling
-    need = math.ceil(y1) + (reach + 4) * k
+    # + 1 decoded px: the last decoded row of a stopped decode differs from a full
+    # decode's (4:2:0 at full scale: upsampling has no chroma row below to look at --
+    # measured: that one row; none at reduced scales, 4:2:2, 4:4:4 or grey; was 4 px)
+    need = math.ceil(y1) + (reach + 1) * k
     return min(frame.height, -(-need // mcu) * mcu)
 
 

@@ -784,3 +784,32 @@ def test_only_fractional_upscales_are_sampled_in_place():
     assert val.warps(val.plan(375, 500, np.random.default_rng(0)))
     shrink = compile_fused(val_recipe())  # Resize(256) of a larger image: cut out
     assert not shrink.warps(shrink.plan(375, 500, np.random.default_rng(0)))
+
+
+def test_stopped_decode_margin_is_exact():
+    """NOTE [ row-limited decode ]: a decode stopped at ``decoded_rows()`` equals the
+    full decode in every decoded row the render may read (``reach`` below the crop), for
+    crops ending at every residue of the MCU height, at every scale and chroma layout.
+    (The margin is one decoded row: without it -- mutation-checked -- the last row of a
+    4:2:0 image stopped on a row the render reads differs.)"""
+    from seqloader import _fused
+    from seqloader.images import jpeg_frame
+    local = _fused.threading.local()
+    checked = 0
+    for name, data in _variants().items():
+        buf, frame = np.frombuffer(data, np.uint8), jpeg_frame(data)
+        if name in ("progressive", "small"):
+            continue
+        for k in (1, 2, 4, 8):
+            full = _fused.decode_jpeg(buf, frame, k, _fused.Region(0, frame.height, 0, frame.width),
+                                      local)[0].copy()
+            for reach in (_fused.SLICE_REACH, _fused.WARP_REACH):
+                for y1 in range(300, 300 + 2 * frame.mcu_height):
+                    rows = _fused.decoded_rows(frame, k, y1, reach)
+                    assert rows % frame.mcu_height == 0 and rows < frame.height
+                    img = _fused.decode_jpeg(buf, frame, k, _fused.Region(0, rows, 0, frame.width),
+                                             local)[0]
+                    read = -(-y1 // k) + reach  # decoded rows the render may read
+                    assert np.array_equal(img[:read], full[:read]), (name, k, reach, y1)
+                    checked += 1
+    assert checked > 1000
