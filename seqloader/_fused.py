@@ -51,9 +51,9 @@ restart markers (DRI/RSTn): at each one the bit stream is byte-aligned and the D
 predictors reset, so the data between two markers decodes on its own.  When the
 restart segments tile the image in a grid (an interval of whole MCU rows, or of a
 divisor of the MCUs in a row, so every row starts a segment), :func:`restart_window`
-grows the crop by the render's reach (NOTE [ render reach ], as below it) plus 2
-decoded px (the chroma that upsampling looks at across the edge: the spliced image's
-edge sees itself instead, which changes its outermost decoded pixel) and rounds out to
+grows the crop by the render's reach (NOTE [ render reach ], as below it) plus 1
+decoded px (``SPLICE_EDGE``: the chroma that upsampling looks at across the edge -- the
+spliced image's edge sees itself instead, which changes its outermost decoded pixel) and rounds out to
 segment boundaries, and :func:`_splice` builds a JPEG of
 just those segments -- in each band of rows the chosen segments are one contiguous run
 of bytes -- with the frame size patched and the markers renumbered from RST0 (decoders
@@ -182,6 +182,11 @@ def _via_simplejpeg(frame: JpegFrame) -> bool:
 #: an upscaled fractional box is sampled in place (warpAffine) -- rounding plus the
 #: widest kernel, Lanczos's 4 px -- and where the box is cut out and resized.
 WARP_REACH, SLICE_REACH = 6, 1
+#: Decoded px next to a spliced edge (top, left, right of a restart window) that differ
+#: from a full decode: chroma upsampling there sees the edge instead of its neighbour
+#: (measured: 1 px at 4:2:0 and 4:2:2 at full, 1/2 and 1/4 scale; none at 1/8 or
+#: 4:4:4; mutation-checked by test_restart_window_matches_full_decode).
+SPLICE_EDGE = 1
 
 
 def decoded_rows(frame: JpegFrame, k: int, y1: float, reach: int = WARP_REACH) -> int:
@@ -218,11 +223,9 @@ def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
     whole = Region(0, region.bottom, 0, frame.width)
     if frame.marker not in _SEQUENTIAL or not _via_simplejpeg(frame):
         return whole, None
-    # the render's reach plus 2 decoded px of chroma upsampling context: the spliced
-    # image's edges see themselves instead, which changes the outermost decoded px
-    # (measured: 1 px at 4:2:0 and 4:2:2 at full, 1/2 and 1/4 scale; none at 1/8 or
-    # 4:4:4; each spliced edge mutation-checked in the tests)
-    margin = (reach + 2) * k
+    # the render's reach plus the decoded px a spliced edge changes: its chroma
+    # upsampling sees the edge itself instead of the neighbour
+    margin = (reach + SPLICE_EDGE) * k
     top = region.top - margin
     left = region.left - margin
     right = region.right + margin
