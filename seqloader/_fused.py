@@ -247,18 +247,6 @@ def restart_window(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
     return Region(top, region.bottom, left, right), scan
 
 
-def _marks(buf: np.ndarray, scan: JpegScan, count: int) -> tuple[np.ndarray, bool] | None:
-    """``(offsets, checked)``: where the ``count`` RSTn markers of a scan are (from the
-    start of its entropy-coded data; marker ``s`` ends segment ``s``) -- as its restart
-    index says (``checked`` False: the caller checks the ones it uses; NOTE [ restart
-    index ]) or found by scanning (True) -- or None if the scan does not hold ``count``."""
-    marks = indexed_marks(buf, scan)
-    if marks is not None and len(marks) == count:
-        return marks, False
-    marks = restart_marks(buf[scan.offset:])
-    return (marks, True) if len(marks) == count else None
-
-
 def _at_markers(data: np.ndarray, at: np.ndarray, seg: np.ndarray) -> bool:
     """Whether ``data[at]`` (ascending offsets) hold the markers that end segments
     ``seg``: ``FF Dn`` with ``n = seg % 8``."""
@@ -281,21 +269,29 @@ def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
     b0, b1 = reg.top // band_px, -(-reg.bottom // band_px)
     g0, g1 = reg.left // group_px, -(-reg.right // group_px)
     count, ng = bands * groups - 1, g1 - g0  # markers in the scan, segments per band
-    found = _marks(buf, scan, count)
-    if found is None:
-        return None
-    marks, checked = found
-    end = len(buf) - scan.offset
+    data = buf[scan.offset:]
+    end = len(data)
     # grid[i]: the marker before band i's first segment, then the one after each of its
     # segments; -1 and count stand for the scan's start and end (no marker there)
     grid = np.arange(b0 * groups + g0 - 1, b1 * groups + g0 - 1, groups)[:, None] + np.arange(ng + 1)
-    pos = np.concatenate(([-2], marks, [end - 2]))[grid + 1]  # marker offsets (+2: after it)
     real = slice(int(grid[0, 0] < 0), grid.size - int(grid[-1, -1] >= count))
-    if not checked and not _at_markers(buf[scan.offset:], pos.ravel()[real], grid.ravel()[real]):
-        found = _marks(buf, scan._replace(index=(0, 0)), count)  # scan for them instead
-        if found is None:
+
+    def offsets(marks: np.ndarray) -> np.ndarray:  # marker offsets (+2: after it)
+        return np.concatenate(([-2], marks, [end - 2]))[grid + 1]
+
+    # where the markers are: as the restart index says, where every marker used is
+    # there (NOTE [ restart index ]), else found by scanning the entropy-coded bytes
+    marks = indexed_marks(buf, scan)
+    pos = None
+    if marks is not None and len(marks) == count:
+        pos = offsets(marks)
+        if not _at_markers(data, pos.ravel()[real], grid.ravel()[real]):
+            pos = None
+    if pos is None:
+        marks = restart_marks(data)
+        if len(marks) != count:
             return None
-        pos = np.concatenate(([-2], found[0], [end - 2]))[grid + 1]
+        pos = offsets(marks)
     lo, hi = pos[:, 0] + 2, pos[:, -1] + 2
     if grid[-1, -1] < count:  # the final piece's marker is not needed
         hi[-1] -= 2

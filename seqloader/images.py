@@ -186,9 +186,10 @@ def add_restart_index(data: bytes) -> bytes:
     (also when the segments do not fit an index, or are not where the header says)."""
     frame = jpeg_frame(data)
     scan = None if frame is None else jpeg_scan(data, frame)
-    if scan is None or scan.index != (0, 0) or restart_layout(frame, scan) is None:
+    lay = None if scan is None or scan.index != (0, 0) else restart_layout(frame, scan)
+    if lay is None:
         return data
-    bands, groups = restart_layout(frame, scan)[:2]
+    bands, groups = lay[:2]
     marks = restart_marks(np.frombuffer(data, np.uint8)[scan.offset:])
     if len(marks) != bands * groups - 1 or not 0 < len(marks) <= _INDEX_MAX:
         return data
