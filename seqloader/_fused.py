@@ -546,7 +546,7 @@ class FusedPlan:
     k: int  # decode scale denominator (1 = full resolution)
 
 
-class Prepared(NamedTuple):
+class PreparedSample(NamedTuple):
     """One sample between :meth:`FusedPipeline.prepare` and :meth:`FusedPipeline.finish`."""
 
     buf: np.ndarray  # the encoded bytes
@@ -673,7 +673,7 @@ class FusedPipeline:
         self.finish(self.prepare(data, rng), out)
 
     def prepare(self, data: bytes | memoryview | np.ndarray,
-                rng: np.random.Generator | None = None) -> Prepared:
+                rng: np.random.Generator | None = None) -> PreparedSample:
         """The first half of a sample: read the JPEG header, draw the sample's crop and
         flip (consuming ``rng`` exactly as ``__call__`` does) and choose what to
         decode.  Cheap -- no decoding, except for non-JPEG data (decoded here, whole:
@@ -688,14 +688,14 @@ class FusedPipeline:
             if img is None:
                 raise ValueError(f"cannot decode image ({buf.size} bytes)")
             p = self.plan(img.shape[0], img.shape[1], rng, jpeg=False)
-            return Prepared(buf, None, p, Region(0, img.shape[0], 0, img.shape[1]), None, img)
+            return PreparedSample(buf, None, p, Region(0, img.shape[0], 0, img.shape[1]), None, img)
         p = self.plan(frame.height, frame.width, rng)
         region, scan = Region(0, frame.height, 0, frame.width), None
         if self.partial_decode:
             region, scan = self.decode_window(buf, frame, p)
-        return Prepared(buf, frame, p, region, scan, None)
+        return PreparedSample(buf, frame, p, region, scan, None)
 
-    def finish(self, prep: Prepared, out: np.ndarray) -> None:
+    def finish(self, prep: PreparedSample, out: np.ndarray) -> None:
         """The second half: decode what :meth:`prepare` chose and write the sample into
         ``out``.  Raises ValueError if ``out`` does not match or the bytes cannot be
         decoded."""

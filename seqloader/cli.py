@@ -130,20 +130,12 @@ def _writer_options(w: dict | None) -> str:
 def _restart_markers(db: Database) -> str | None:
     """Whether the first record's image has restart markers in a grid: ``"index"`` (and
     a restart index, NOTE [ restart index ]), ``"markers"`` (without one) or None."""
-    from .database import close_env, open_env
-    from .format import encode_key, unpack_record
     from .images import jpeg_frame, jpeg_scan, restart_layout
 
     if db.num_records == 0:
         return None
-    env = open_env(db.paths[0], readahead=False)
-    try:
-        with env.begin() as txn:
-            value = txn.get(encode_key(0))
-            image = None if value is None else unpack_record(value).image
-    finally:
-        close_env(env)
-    frame = None if image is None else jpeg_frame(image)
+    image = db.first_record().image
+    frame = jpeg_frame(image)
     scan = None if frame is None else jpeg_scan(image, frame)
     if scan is None or restart_layout(frame, scan) is None:
         return None

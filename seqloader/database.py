@@ -15,7 +15,8 @@ import os
 import lmdb
 import numpy as np
 
-from .format import META_KEY, FormatError, Meta, find_database, unpack_meta
+from .format import (META_KEY, FormatError, Meta, Record, encode_key, find_database,
+                     unpack_meta, unpack_record)
 
 __all__ = ["Database", "open_env", "close_env", "read_meta", "open_database"]
 
@@ -128,6 +129,16 @@ class Database:
 
     def __len__(self) -> int:
         return self.num_records
+
+    def first_record(self) -> Record:
+        """Record 0 of the first shard (opened and closed for this call); FormatError
+        naming the file if it is missing or damaged."""
+        env = open_env(self.paths[0])
+        try:
+            with env.begin() as txn:
+                return unpack_record(txn.get(encode_key(0)), where=f"{self.paths[0]} record 0")
+        finally:
+            close_env(env)
 
 
 def open_database(path: str | Path, split: str | None = None, *,

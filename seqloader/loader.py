@@ -14,8 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from .database import Database, close_env, open_database, open_env
-from .format import unpack_record, encode_key
+from .database import Database, open_database
 from .direct import choose as choose_io
 from .feeder import Feeder
 from .parallel import WorkerPool
@@ -135,12 +134,7 @@ class Loader:
                                       sample_dtype=np.dtype(fused.out_dtype).name, **common)
             return self._spec
         fn = adapt(self.transform)
-        env = open_env(self.db.paths[0])  # infer the sample shape from record 0, then close
-        try:
-            with env.begin() as txn:
-                rec = unpack_record(txn.get(encode_key(0)), where=f"{self.db.paths[0]} record 0")
-        finally:
-            close_env(env)
+        rec = self.db.first_record()  # infer the sample shape from record 0
         sample = np.asarray(fn(decode_rgb(rec.image), batch_rng(self.seed, 0, self.rank, 0)))
         self._spec = ProducerSpec(mode="decode", transform=fn, sample_shape=sample.shape,
                                   sample_dtype=sample.dtype.name, **common)
