@@ -793,19 +793,18 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
         fused = compile_fused(transform) if transform is not None else None
         fn = adapt(transform) if transform is not None and fused is None else None
         out = None
-        if fused is not None:
+        units: list[Any] = values  # what one() is called with
+        if fused is not None:  # runs of 16 records through decode_batch, as a worker does
             out = np.empty((16, *fused.out_shape), fused.out_dtype)
-        elif fn is not None:
-            first = msgpack.unpackb(values[0], raw=False)["image"]
-            s = np.asarray(fn(decode_rgb(first), rng))
-            out = np.empty((16, *s.shape), s.dtype)
-
-        if fused is not None:  # whole runs of 16, as a worker does them
             spec = ProducerSpec(db=source, mode="decode", seed=seed, rank=0, shuffle=False,
                                 cache=0, warmup=0, batch_size=16, fused=fused,
                                 sample_shape=fused.out_shape, sample_dtype=str(fused.out_dtype))
             labels = np.empty(16, np.int64)
-            values = [values[k:k + 16] for k in range(0, len(values) - 15, 16)] or [values]
+            units = [values[k:k + 16] for k in range(0, len(values), 16)]
+        elif fn is not None:
+            first = msgpack.unpackb(values[0], raw=False)["image"]
+            s = np.asarray(fn(decode_rgb(first), rng))
+            out = np.empty((16, *s.shape), s.dtype)
 
         def one(i: int, value: Any) -> int:
             if fused is not None:
@@ -827,6 +826,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
         for p in paths:
             with open(p, "rb") as f:
                 values.append(f.read())
+        units = values
 
         def one(i: int, value: Any) -> int:
             if transform is not None:
@@ -835,17 +835,16 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     if not values:
         raise ValueError("cpu_limit: no records to measure")
     if stats is not None:
-        flat = [v for u in values for v in u] if isinstance(values[0], list) else values
-        stats.update(records=len(flat),
-                     sample_mean_bytes=round(sum(len(v) for v in flat) / len(flat), 1))
+        stats.update(records=len(values),
+                     sample_mean_bytes=round(sum(len(v) for v in values) / len(values), 1))
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
-        for i, v in enumerate(values[:5]):  # first-call allocations
+        for i, v in enumerate(units[:5]):  # first-call allocations
             one(i, v)
         n, t0 = 0, time.perf_counter()
         while True:
-            for v in values:
+            for v in units:
                 n += one(n, v)
             dt = time.perf_counter() - t0
             if dt >= seconds:
