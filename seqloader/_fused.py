@@ -120,14 +120,21 @@ _REDUCED_BGR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
 
+#: PIL's resampling constants (``Image.BILINEAR`` == 2, ...), which torchvision also takes
+_PIL_MODES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box"}
+
+
 def interpolation_name(mode: Any) -> str:
-    """Normalise ``mode`` (a string or an object with a string ``.value`` such as
-    torchvision's ``InterpolationMode``) to one of :data:`MODES`."""
+    """Normalise ``mode`` (a string, an object with a string ``.value`` such as
+    torchvision's ``InterpolationMode``, or a PIL resampling constant) to one of
+    :data:`MODES`."""
     value = getattr(mode, "value", mode)
+    if isinstance(value, int) and not isinstance(value, bool) and value in _PIL_MODES:
+        return _PIL_MODES[value]
     if isinstance(value, str) and value.lower() in MODES:
         return value.lower()
     raise ValueError(f"interpolation={mode!r} is not supported; use one of {', '.join(MODES)} "
-                     "(or the matching torchvision InterpolationMode)")
+                     "(or the matching torchvision InterpolationMode or PIL constant)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -472,6 +479,10 @@ def resized_size(height: int, width: int, size: tuple[int, ...] | None,
         new_short, new_long = size[0], int(size[0] * long / short)
         if max_size is not None and new_long > max_size:
             new_short, new_long = int(max_size * new_short / new_long), max_size
+    if new_short <= 0:
+        raise ValueError(f"Resize(size={size}, max_size={max_size}) would make the {height}x"
+                         f"{width} image's shorter side {new_short} px: raise max_size (or drop "
+                         "such extreme aspect ratios)")
     return (new_long, new_short) if width <= height else (new_short, new_long)
 
 
@@ -544,6 +555,10 @@ class FusedPlan:
     window: Window
     flip: bool
     k: int  # decode scale denominator (1 = full resolution)
+    #: Resize + CenterCrop that upscales one axis and downscales the other: the whole
+    #: image is resized to this (h, w) and the crop cut from it, as the unfused
+    #: transforms do (a box cut on whole source pixels would shift the upscaled axis)
+    resized: tuple[int, int] | None = None
 
 
 class PreparedSample(NamedTuple):
@@ -623,8 +638,13 @@ class FusedPipeline:
              jpeg: bool = True) -> FusedPlan:
         """Sample the crop box and flip for a ``height x width`` source (consuming ``rng``
         exactly as the unfused transforms do) and pick the decode scale."""
-        win = self.geometry.window(height, width, self.out_hw, rng)
+        geo = self.geometry
+        win = geo.window(height, width, self.out_hw, rng)
         flip = bool(rng.random() < self.flip_p) if self.flip_p is not None else False
+        if isinstance(geo, ResizeCropGeometry):
+            nh, nw = resized_size(height, width, geo.size, geo.max_size)
+            if (nh > height and nw < width) or (nh < height and nw > width):
+                return FusedPlan(height, width, win, flip, 1, (nh, nw))
         k = 1
         if jpeg and self.can_reduce:
             bw, bh = win.x1 - win.x0, win.y1 - win.y0
@@ -691,7 +711,7 @@ class FusedPipeline:
             return PreparedSample(buf, None, p, Region(0, img.shape[0], 0, img.shape[1]), None, img)
         p = self.plan(frame.height, frame.width, rng)
         region, scan = Region(0, frame.height, 0, frame.width), None
-        if self.partial_decode:
+        if self.partial_decode and p.resized is None:
             region, scan = self.decode_window(buf, frame, p)
         return PreparedSample(buf, frame, p, region, scan, None)
 
@@ -737,7 +757,11 @@ class FusedPipeline:
             canvas.fill(0)
         dst = canvas[win.oy0:win.oy1, win.ox0:win.ox1] if padded else canvas
         rh, rw = dst.shape[:2]
-        if self.warps(p) and not all(float(v).is_integer() for v in box):
+        if p.resized is not None:  # the whole (decoded) image resized, then cropped
+            nh, nw = p.resized
+            (ry0, ry1, _, _), (rx0, rx1, _, _) = _axis(nh, oh), _axis(nw, ow)
+            np.copyto(dst, resize(img, nh, nw, self.mode, self.antialias)[ry0:ry1, rx0:rx1])
+        elif self.warps(p) and not all(float(v).is_integer() for v in box):
             # upscaling a fractional box (Resize + CenterCrop): sample it exactly, with
             # the same pixel-centre mapping (and border clamp) as resizing the whole image
             sy, sx = (box[2] - box[0]) / rh, (box[3] - box[1]) / rw

@@ -5,7 +5,8 @@ Conventions (every class here):
 
 * ``t(img, rng=None)``: ``img`` is an HWC **RGB** uint8 numpy image (HW for gray) or,
   after :class:`ToTensor`, a CHW float32 numpy array.  Floating 3-D arrays are taken as
-  CHW, everything else as HWC/HW.  ``rng`` is a ``numpy.random.Generator``; random
+  CHW (1, 3 or 4 channels first, else a ValueError), everything else as HWC/HW; other
+  array-likes (PIL images, CPU tensors) are converted with ``np.asarray``.  ``rng`` is a ``numpy.random.Generator``; random
   transforms draw from it only.  With ``rng=None`` they use this process's default
   generator (:func:`get_default_rng`), created from fresh OS entropy at import and
   reseeded by :func:`seed_default`.  Spawned workers therefore differ, but forked ones
@@ -68,7 +69,7 @@ def _size2(size: Any, name: str = "size") -> tuple[int, int]:
     """torchvision ``_setup_size``: int or 1-/2-sequence -> (h, w), all > 0."""
     if isinstance(size, numbers.Integral):
         hw = (int(size), int(size))
-    elif isinstance(size, Sequence) and len(size) in (1, 2):
+    elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) in (1, 2):
         hw = (int(size[0]), int(size[-1]))
     else:
         raise ValueError(f"{name}={size!r}: give an int or a sequence (h, w) of 1 or 2 ints")
@@ -77,9 +78,27 @@ def _size2(size: Any, name: str = "size") -> tuple[int, int]:
     return hw
 
 
-def _hwc(img: np.ndarray) -> tuple[np.ndarray, bool]:
-    """(HWC/HW view, was_chw): floating 3-D arrays are CHW tensors."""
+#: dtypes OpenCV resamples (uint8 images; floating CHW arrays after ToTensor)
+_PIXEL_DTYPES = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.int16, np.float32,
+                                                 np.float64))
+
+
+def _hwc(img: Any) -> tuple[np.ndarray, bool]:
+    """(HWC/HW view, was_chw): floating 3-D arrays are CHW tensors (after ToTensor), so
+    their first axis must be 1, 3 or 4 channels.  Raises TypeError/ValueError naming
+    what was passed (and what to pass) instead of resampling the wrong axes."""
+    if not isinstance(img, np.ndarray):
+        if not hasattr(img, "__array__"):
+            raise TypeError(f"expected a numpy image (HWC uint8 RGB), got {type(img).__name__}")
+        img = np.asarray(img)  # PIL images, CPU tensors
+    if img.dtype not in _PIXEL_DTYPES:
+        raise ValueError(f"image dtype {img.dtype} is not supported: pass an HWC uint8 image "
+                         "(img.astype(np.uint8)) or a float32 CHW array from ToTensor")
     if img.ndim == 3 and img.dtype.kind == "f":
+        if img.shape[0] not in (1, 3, 4):
+            raise ValueError(f"floating arrays are taken as CHW (after ToTensor), but shape "
+                             f"{img.shape} has {img.shape[0]} channels first: pass an HWC "
+                             "uint8 image, or transpose to CHW")
         return img.transpose(1, 2, 0), True
     if img.ndim not in (2, 3):
         raise ValueError(f"expected an HWC/HW image or CHW array, got shape {img.shape}")
@@ -119,7 +138,8 @@ class RandomResizedCrop:
                  ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
                  interpolation: Any = "bilinear", antialias: bool | None = True) -> None:
         self.size = _size2(size)
-        if len(scale) != 2 or len(ratio) != 2:
+        if not (isinstance(scale, Sequence) and isinstance(ratio, Sequence)) or (
+                len(scale) != 2 or len(ratio) != 2):
             raise ValueError(f"scale={scale!r} and ratio={ratio!r} must be (min, max) pairs")
         if not 0 <= scale[0] <= scale[1] or scale[1] <= 0:
             raise ValueError(f"scale={scale!r}: need 0 <= min <= max, max > 0 (e.g. (0.08, 1.0))")
@@ -224,7 +244,7 @@ class CenterCrop:
         hwc, chw = _hwc(img)
         (h, w), (ch, cw) = hwc.shape[:2], self.size
         oy, ox = crop_offset(h, ch), crop_offset(w, cw)
-        if oy >= 0 and ox >= 0:
+        if ch <= h and cw <= w:  # (not the offsets: one px too small gives offset 0)
             return _back(hwc[oy:oy + ch, ox:ox + cw], chw)
         out = np.zeros((ch, cw) + hwc.shape[2:], hwc.dtype)
         y0, x0 = max(oy, 0), max(ox, 0)
@@ -259,14 +279,19 @@ class ToTensor:
         return "ToTensor()"
 
 
+def _per_channel(v: Sequence[float] | float) -> tuple[float, ...]:
+    """A per-channel tuple; a number applies to every channel (torchvision broadcasts it)."""
+    return (float(v),) if isinstance(v, numbers.Real) else tuple(float(x) for x in v)
+
+
 class Normalize:
     """``(x - mean) / std`` per channel of a CHW float array (float32 arithmetic)."""
 
     accepts_rng = True
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> None:
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
+    def __init__(self, mean: Sequence[float] | float, std: Sequence[float] | float,
+                 inplace: bool = False) -> None:
+        self.mean, self.std = _per_channel(mean), _per_channel(std)
         if not self.mean or not self.std:
             raise ValueError(f"mean={mean!r} and std={std!r} must be non-empty sequences")
         if any(s == 0 for s in self.std):
@@ -279,6 +304,9 @@ class Normalize:
                             f"got {type(tensor).__name__} {getattr(tensor, 'dtype', '')}")
         mean = np.asarray(self.mean, tensor.dtype).reshape(-1, 1, 1)
         std = np.asarray(self.std, tensor.dtype).reshape(-1, 1, 1)
+        if not std.all():
+            raise ValueError(f"std={self.std} is zero in {tensor.dtype} (too small to divide by); "
+                             "check the Normalize arguments")
         out = tensor if self.inplace else np.empty_like(tensor)
         np.subtract(tensor, mean, out=out)
         np.divide(out, std, out=out)

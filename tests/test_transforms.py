@@ -117,7 +117,8 @@ def _tv_center_crop(img: np.ndarray, ch: int, cw: int) -> np.ndarray:
 
 @pytest.mark.parametrize("hw,size", [((10, 10), 3), ((9, 9), 4), ((11, 8), (5, 7)),
                                      ((5, 7), (8, 4)), ((5, 7), (9, 12)), ((4, 4), 4),
-                                     ((375, 500), 224)])
+                                     ((375, 500), 224), ((223, 300), 224), ((1, 1), 2),
+                                     ((6, 9), (7, 9)), ((6, 9), (5, 10))])
 def test_center_crop_rounding_and_padding(hw, size):
     img = np.random.default_rng(0).integers(1, 255, hw + (3,), dtype=np.uint8)
     ch, cw = (size, size) if isinstance(size, int) else size
@@ -168,6 +169,58 @@ def test_interpolation_accepts_enum_like_values():
         value = "bicubic"
     assert RandomResizedCrop(8, interpolation=Mode()).interpolation == "bicubic"
     assert Resize(8, interpolation="NEAREST").interpolation == "nearest"
+    # PIL's constants (Image.NEAREST 0, LANCZOS 1, BILINEAR 2, BICUBIC 3, BOX 4)
+    assert [Resize(8, interpolation=i).interpolation for i in (0, 1, 2, 3, 4)] == [
+        "nearest", "lanczos", "bilinear", "bicubic", "box"]
+    for bad in (5, True, 2.0):  # HAMMING is PIL-only; bools and floats are not modes
+        with pytest.raises(ValueError, match="interpolation"):
+            Resize(8, interpolation=bad)
+
+
+def test_bad_images_and_arguments_are_named():
+    rng = np.random.default_rng(0)
+    hwc_float = rng.random((20, 30, 3), dtype=np.float32)  # HWC float: not a CHW tensor
+    for t in (RandomResizedCrop(8), Resize(8), CenterCrop(8), RandomHorizontalFlip(1.0)):
+        with pytest.raises(ValueError, match=r"CHW.*\(20, 30, 3\)"):
+            t(hwc_float, rng)
+    for dtype in (np.int32, np.bool_, np.int64):
+        with pytest.raises(ValueError, match=f"dtype {np.dtype(dtype)}.*uint8"):
+            Resize(8)(np.zeros((20, 30, 3), dtype), rng)
+    with pytest.raises(TypeError, match="list"):
+        Resize(8)([[1, 2], [3, 4]])
+    chw = ToTensor()(smooth_rgb(20, 30))  # CHW float still works, and PIL-like inputs too
+    assert Resize(8)(chw).shape == (3, 8, 12)
+
+    class ArrayLike:
+        def __array__(self, dtype=None, copy=None):
+            return smooth_rgb(20, 30)
+    assert Resize(8)(ArrayLike()).shape == (8, 12, 3)
+    with pytest.raises(ValueError, match="size='12'"):
+        RandomResizedCrop("12")
+    with pytest.raises(ValueError, match="scale=0.5"):
+        RandomResizedCrop(8, scale=0.5)
+    x = ToTensor()(smooth_rgb(4, 5))
+    assert np.allclose(Normalize(0.5, 0.25)(x), (x - 0.5) / 0.25)  # numbers broadcast
+    with pytest.raises(ValueError, match="zero in float32"):
+        Normalize(MEAN, [1e-50] * 3)(x)
+    with pytest.raises(ValueError, match="shorter side 0 px.*max_size"):
+        Resize(None, max_size=64)(np.zeros((8, 2000, 3), np.uint8))
+    pipe = compile_fused(Compose([Resize(None, max_size=64), CenterCrop(32)]))
+    with pytest.raises(ValueError, match="shorter side 0 px"):
+        _run(pipe, jpeg(np.zeros((8, 2000, 3), np.uint8)), 0)
+
+
+@pytest.mark.parametrize("hw,size", [((500, 200), (256, 256)), ((120, 300), (160, 150)),
+                                     ((375, 500), (400, 300))])
+def test_fused_resize_crop_that_upscales_one_axis_matches_unfused(hw, size):
+    """Resize((h, w)) + CenterCrop that upscales one axis and downscales the other: the
+    fused path resizes the whole image and cuts the crop (a box rounded to whole source
+    pixels would shift the upscaled axis by up to half a source pixel)."""
+    data = jpeg(smooth_rgb(*hw))
+    recipe = Compose([Resize(size), CenterCrop(224), ToTensor()])
+    pipe = compile_fused(recipe)
+    assert pipe.plan(*hw, np.random.default_rng(0)).resized == size
+    assert np.array_equal(_run(pipe, data, 0), recipe(decode_rgb(data), np.random.default_rng(0)))
 
 
 # ------------------------------------------------------------------ RandomResizedCrop
