@@ -109,12 +109,16 @@ class Loader:
         self._active: Iterator | None = None
 
     # -------------------------------------------------------------- set-up
+    @property
+    def _warmup(self) -> int:
+        """Records the shuffle buffer holds before it yields (default: one batch)."""
+        return self.warmup if self.warmup is not None else min(self.cache, self.batch_size)
+
     def _producer_spec(self) -> ProducerSpec:
         if self._spec is not None:
             return self._spec
-        warmup = self.warmup if self.warmup is not None else min(self.cache, self.batch_size)
         common = dict(db=self.db, seed=self.seed, rank=self.rank, shuffle=self.shuffle,
-                      cache=self.cache, warmup=warmup, batch_size=self.batch_size,
+                      cache=self.cache, warmup=self._warmup, batch_size=self.batch_size,
                       target_transform=self.target_transform, prefetch_bytes=self.prefetch_bytes,
                       io=self.io)
         if self.transform is None:
@@ -232,9 +236,12 @@ class Loader:
             return raw, labels
         pool = self._pool
         on_cpu = self.device is None or self.device.type == "cpu"
-        if slot is not None and not self.pin_memory and on_cpu and pool.lease(slot):
+        token = None
+        if slot is not None and not self.pin_memory and on_cpu:
+            token = pool.lease(slot)
+        if token is not None:
             images = torch.from_numpy(images_v)
-            weakref.finalize(images_v, pool.release, slot)
+            weakref.finalize(images_v, pool.release, slot, token)
             if self.device is not None and self._device_normalize is not None:
                 images = self._device_normalize(images)
             return images, labels
@@ -265,7 +272,9 @@ class Loader:
                 "seed": self.seed, "batch_size": s.batch_size, "num_workers": s.num_workers,
                 "world_size": s.world_size, "rank": s.rank, "cache": self.cache,
                 "chunk_size": s.chunk_size, "shuffle": s.shuffle, "drop_last": s.drop_last,
-                "num_records": s.num_records, "even": s.even}
+                "num_records": s.num_records, "even": s.even,
+                "warmup": self._warmup, "shard_sizes": list(s.shard_sizes),
+                "fingerprint": self.db.metas[0].fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields exactly the batches of that
@@ -276,6 +285,10 @@ class Loader:
         keys = ("seed", "batch_size", "world_size", "cache", "chunk_size", "shuffle",
                 "drop_last", "num_records", "even")
         diff = {k: (state.get(k), mine[k]) for k in keys if state.get(k) != mine[k]}
+        # the shuffle buffer's warmup, the shard layout and the database itself shape the
+        # order too (checked where the checkpoint has them: older ones do not)
+        diff.update({k: (state[k], mine[k]) for k in ("warmup", "shard_sizes", "fingerprint")
+                     if k in state and state[k] != mine[k]})
         if state.get("version") != _STATE_VERSION or diff:
             raise ValueError(f"cannot resume: the checkpoint's loader settings differ from this "
                              f"loader's (checkpoint, now): {diff}; construct the Loader with the "

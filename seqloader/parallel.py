@@ -40,6 +40,7 @@ import gc
 import multiprocessing as mp
 import os
 import queue
+import select
 import signal
 import threading
 import time
@@ -142,12 +143,30 @@ def _decode(spec: ProducerSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
 
 # ------------------------------------------------------------------ parent side
 
-def _shutdown(procs: list, conns: list[Connection], shms: list[SharedMemory]) -> None:
+def _writable(conn: Connection) -> bool:
+    """Whether a short message to ``conn`` cannot block: a worker that stopped reading
+    (stuck in a transform) leaves its pipe full, and a send would wait forever."""
+    try:
+        return bool(select.select([], [conn.fileno()], [], 0)[1])
+    except (OSError, ValueError):  # closed
+        return False
+
+
+def _shutdown(procs: list, conns: list[Connection], shms: list[SharedMemory],
+              force: bool = False) -> None:
+    """Stop the workers -- asked to ("stop"), or with ``force`` killed at once (a worker
+    that timed out is stuck, and a reader thread may be blocked sending to it) -- and
+    free the shared memory."""
+    if force:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     for c in conns:
-        try:
-            c.send(("stop",))
-        except (OSError, ValueError):
-            pass
+        if not force and _writable(c):
+            try:
+                c.send(("stop",))
+            except (OSError, ValueError):
+                pass
     deadline = time.monotonic() + 5
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -296,6 +315,7 @@ class WorkerPool:
         self._slot_lock = threading.Lock()
         self._free: queue.Queue[int] | None = None
         self._leased: set[int] = set()  # buffers the caller holds as batch tensors
+        self._run = 0  # counts closes: a lease token (slot numbers are reused by restarts)
 
     @property
     def started(self) -> bool:
@@ -349,7 +369,7 @@ class WorkerPool:
                     proc.join(1)
             if proc.sentinel in ready or not proc.is_alive():
                 proc.join(1)
-                self.close()
+                self.close(force=True)
                 raise WorkerDiedError(f"seqloader worker {w} (pid {proc.pid}) {_describe_exit(proc.exitcode)} "
                                       f"during {doing}; the pool was shut down")
             reader = self._reader
@@ -361,7 +381,7 @@ class WorkerPool:
                 raise WorkerError(f"seqloader reader thread failed during {doing}: "
                                   f"{type(err).__name__}: {err}\n\nReader traceback:\n{tb}") from err
             if deadline is not None and time.monotonic() > deadline:
-                self.close()
+                self.close(force=True)
                 raise TimeoutError(f"seqloader worker {w} (pid {proc.pid}) sent nothing for "
                                    f"{timeout:.0f} s during {doing}; raise `timeout` if batches "
                                    "are legitimately this slow")
@@ -443,20 +463,24 @@ class WorkerPool:
     def num_slots(self) -> int:
         return self.num_workers * self.prefetch
 
-    def lease(self, slot: int) -> bool:
-        """Keep ``slot`` out of circulation until :meth:`release`.  Refused (False) when it
-        would leave fewer than one buffer per worker circulating.  (A ``for`` loop holds
-        two batches for a moment: the one it is about to rebind and the new one.)"""
+    def lease(self, slot: int) -> int | None:
+        """Keep ``slot`` out of circulation until :meth:`release`; returns the lease's
+        token for ``release``.  Refused (None) when it would leave fewer than one buffer
+        per worker circulating.  (A ``for`` loop holds two batches for a moment: the one
+        it is about to rebind and the new one.)"""
         with self._slot_lock:
             if len(self._leased) + 1 > self.num_slots - self.num_workers:
-                return False
+                return None
             self._leased.add(slot)
-            return True
+            return self._run
 
-    def release(self, slot: int) -> None:
-        """Return a leased buffer (called when its batch tensor is garbage-collected)."""
+    def release(self, slot: int, token: int) -> None:
+        """Return a leased buffer (called when its batch tensor is garbage-collected).
+        A lease from before a :meth:`close` (its batch outlived a worker failure and
+        the pool was restarted) is ignored: slot numbers name new buffers now, which
+        must not be handed out twice."""
         with self._slot_lock:
-            if slot in self._leased:
+            if token == self._run and slot in self._leased:
                 self._leased.discard(slot)
                 if self._free is not None:
                     self._free.put(slot)
@@ -469,6 +493,9 @@ class WorkerPool:
         if reader is not None:
             reader.stop.set()
             reader.join(30)
+            if reader.is_alive():  # blocked sending to a worker that does not read: stuck
+                self.close(force=True)
+                return
         if self._active is None or not self.started:
             self._active = None
             return
@@ -481,17 +508,25 @@ class WorkerPool:
             while self._recv(w, 30, "cancel")[0] != "cancelled":
                 pass
 
-    def close(self) -> None:
-        """Stop the reader and the workers and free the shared memory.  Idempotent."""
+    def close(self, force: bool = False) -> None:
+        """Stop the reader and the workers and free the shared memory.  Idempotent.
+        ``force`` (after a timeout or a dead worker) kills the workers first instead of
+        asking them to stop: a stuck one reads nothing, and the reader thread may be
+        blocked sending to it."""
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.stop.set()
+            if force:
+                for p in self._procs:
+                    if p.is_alive():
+                        p.kill()
             reader.join(30)
-        if self._finalizer is not None:
-            self._finalizer()
-        else:
-            _shutdown(self._procs, self._conns, self._shms)
+        fin = self._finalizer  # (a dead one has shut this run down at exit already)
+        if fin is None or fin.detach() is not None:
+            _shutdown(self._procs, self._conns, self._shms, force)
         self._procs, self._conns, self._locks, self._shms = [], [], [], []
         self._finalizer = None
         self._active, self._ahead = None, None
-        self._free, self._leased = None, set()
+        with self._slot_lock:  # leases of this run's buffers are void (see release)
+            self._free, self._leased = None, set()
+            self._run += 1

@@ -96,6 +96,13 @@ def test_resume_mid_epoch_continues_exactly(lmdb_dir, nw):
     bad = Loader(lmdb_dir, "train", None, **{**kw, "batch_size": 4})
     with pytest.raises(ValueError, match="batch_size"):
         bad.load_state_dict(state)
+    # the shuffle buffer's warmup and the database shape the order too
+    with pytest.raises(ValueError, match="warmup"):
+        Loader(lmdb_dir, "train", None, **{**kw, "warmup": 2}).load_state_dict(state)
+    with pytest.raises(ValueError, match="fingerprint"):
+        resumed.load_state_dict({**state, "fingerprint": "another database"})
+    old = {k: v for k, v in state.items() if k not in ("warmup", "shard_sizes", "fingerprint")}
+    resumed.load_state_dict(old)  # checkpoints from before these keys still load
 
 
 def test_direct_path_and_shards(synth_tree, tmp_path):

@@ -253,3 +253,92 @@ def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_di
     with pytest.raises(RecordError, match=r"record 120 \(.*JPEG\): ValueError: cannot decode"):
         decode_batch(spec, values, range(100, 140), labels, samples, batch_rng(0, 1, 0, 7))
     assert spec.fused.n == 21  # and nothing after it was decoded
+
+
+def _stuck_on_64px(img, rng=None):
+    import numpy as np
+    if img.shape[0] == 64:
+        time.sleep(10 ** 6)  # a transform stuck for good (a deadlock, a hung mount, ...)
+    return np.zeros(1, np.float64)
+
+
+@pytest.mark.parametrize("stop", ["timeout", pytest.param("break", marks=pytest.mark.slow)])
+def test_a_stuck_worker_behind_a_full_pipe_times_out_not_hangs(tmp_path, stop):
+    """A batch too big for its shared buffer goes through the worker's pipe; if that
+    worker is stuck, the reader thread blocks in the send.  A timeout (or a break)
+    must still end promptly: the stuck worker is killed, not asked to stop through the
+    full pipe."""
+    import warnings
+
+    from conftest import _noise_jpeg
+    from seqloader import WriteOptions, preprocess
+
+    d = tmp_path / "tree" / "train" / "n00000000"
+    d.mkdir(parents=True)
+    for i in range(12):  # in file order: record 4 gets stuck, record 6 (~2 MB) is inline
+        _noise_jpeg(d / f"img_{i:02d}.JPEG", {4: 64, 6: 1400}.get(i, 48), i)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preprocess(tmp_path / "tree", tmp_path / "db",
+                   options=WriteOptions(progress=False, workers=1, shuffle=False))
+    loader = Loader(tmp_path / "db", "train", _stuck_on_64px, batch_size=1, shuffle=False,
+                    num_workers=2, timeout=2, cache=8)
+    import faulthandler
+    faulthandler.dump_traceback_later(120, exit=True)  # a regression hangs: fail loudly
+    it = iter(loader)
+    next(it)
+    pids = loader._pool.pids
+    t0 = time.time()
+    if stop == "timeout":
+        with pytest.raises(TimeoutError, match="sent nothing for 2 s"):
+            for _ in it:
+                pass
+    else:
+        for _ in range(3):
+            next(it)
+        time.sleep(1)  # the reader is blocked sending record 6 to the stuck worker
+        del it  # a break: the epoch is cancelled
+    loader.close()
+    faulthandler.cancel_dump_traceback_later()
+    assert time.time() - t0 < 45  # the reader gets 30 s to stop, then the worker is killed
+    assert not _wait_dead(pids)
+
+
+def _dies_on_flag(img, rng=None):
+    import zlib
+
+    import numpy as np
+    if os.path.exists(os.environ["SEQLOADER_TEST_FLAG"]):
+        os._exit(3)
+    return np.full(4, zlib.crc32(np.ascontiguousarray(img).tobytes()), np.float64)
+
+
+def test_batches_held_across_a_worker_death_do_not_free_the_new_pools_buffers(lmdb_dir, tmp_path,
+                                                                              monkeypatch):
+    """Zero-copy batches held from before a worker died must not, when collected, hand
+    back buffers of the restarted pool (same slot numbers): that would let two batches
+    share a buffer."""
+    import gc
+
+    flag = tmp_path / "die"
+    monkeypatch.setenv("SEQLOADER_TEST_FLAG", str(flag))
+    loader = Loader(lmdb_dir, "val", _dies_on_flag, batch_size=2, shuffle=False, cache=8,
+                    num_workers=2, prefetch=4)
+    it = iter(loader)
+    old = [next(it) for _ in range(3)]  # held: zero-copy views, leased
+    flag.touch()
+    with pytest.raises(WorkerDiedError):
+        for _ in it:
+            pass
+    flag.unlink()
+    loader.set_epoch(0)
+    held = list(loader)  # the restarted pool; every batch held
+    want = [x.clone() for x, _ in held]
+    leased = set(loader._pool._leased)
+    del old, it
+    gc.collect()  # the old batches' finalizers run
+    assert loader._pool._leased == leased
+    for _ in loader:  # another epoch through the pool's circulating buffers
+        pass
+    assert all((x == w).all() for (x, _), w in zip(held, want))
+    loader.close()
