@@ -6,6 +6,8 @@ pool (:mod:`seqloader.parallel`).
 """
 from __future__ import annotations
 
+import multiprocessing as mp
+import numbers
 import warnings
 import weakref
 from pathlib import Path
@@ -70,10 +72,21 @@ class Loader:
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto"):
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if cache < 1:
-            raise ValueError(f"cache (shuffle buffer, in records) must be >= 1, got {cache}")
+        def whole(name: str, value: Any, least: int) -> None:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+        for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
+                                   ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
+                                   ("prefetch_bytes", prefetch_bytes, 1)):
+            whole(name, value, least)
+        if warmup is not None:
+            whole("warmup", warmup, 0)
+        if not isinstance(timeout, numbers.Real) or timeout < 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
+        if start_method is not None and start_method not in mp.get_all_start_methods():
+            raise ValueError(f"start_method={start_method!r}: use one of "
+                             f"{mp.get_all_start_methods()} (or None for the default)")
         choose_io(io, 0)  # (validates io now, not in the first iteration)
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
@@ -106,7 +119,10 @@ class Loader:
         self._cur_epoch: int | None = None  # epoch of the current/last iteration
         self._position = 0       # batches of it already yielded
         self._cur_done = False
-        self._active: Iterator | None = None
+        # the iteration in progress, weakly: the generator's frame refers to the loader,
+        # and a strong reference back would keep a dropped loader (and its workers)
+        # alive until the cyclic GC runs
+        self._active: weakref.ref | None = None
 
     # -------------------------------------------------------------- set-up
     @property
@@ -171,14 +187,18 @@ class Loader:
         """The plan of ``epoch`` (default: the next) -- pure, no I/O."""
         return plan_epoch(self.plan_spec, self._next_epoch if epoch is None else epoch)
 
+    def _end_active(self) -> None:
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.close()
+
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
-        if self._active is not None:
-            self._active.close()
+        self._end_active()
         epoch, first = self._next_epoch, self._resume
         self._cur_epoch, self._position, self._cur_done = epoch, first, False
         self._next_epoch, self._resume = epoch + 1, 0
         it = self._iterate(epoch, first)
-        self._active = it
+        self._active = weakref.ref(it)
         return it
 
     def _iterate(self, epoch: int, first: int) -> Iterator[tuple[Any, torch.Tensor]]:
@@ -306,8 +326,7 @@ class Loader:
 
     def close(self) -> None:
         """End any iteration and stop the workers.  Idempotent; iterating again restarts them."""
-        if self._active is not None:
-            self._active.close()
+        self._end_active()
         self._stop_workers()
 
     def __enter__(self) -> "Loader":

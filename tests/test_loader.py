@@ -352,3 +352,18 @@ def test_close_does_not_wait_for_a_read_ahead(lmdb_dir, monkeypatch):
     t0 = time.monotonic()
     loader.close()
     assert time.monotonic() - t0 < 4
+
+
+@pytest.mark.parametrize("bad", [
+    dict(batch_size=0), dict(batch_size=2.5), dict(batch_size=True), dict(num_workers=-1),
+    dict(num_workers=1.5), dict(cache=0), dict(seed=-1), dict(prefetch=0), dict(timeout=-1),
+    dict(prefetch_bytes=0), dict(warmup=-5), dict(start_method="bogus"), dict(output="f16"),
+    dict(io="bogus"),
+])
+def test_bad_arguments_are_named_when_the_loader_is_made(lmdb_dir, bad):
+    """Not at the first iteration, and not only with workers: the constructor names the
+    argument and its value."""
+    (name, value), = bad.items()
+    import re
+    with pytest.raises(ValueError, match=rf"{name}.*{re.escape(repr(value))}"):
+        Loader(lmdb_dir, "train", None, **{"num_workers": 0, **bad})

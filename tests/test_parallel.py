@@ -322,10 +322,11 @@ def test_batches_held_across_a_worker_death_do_not_free_the_new_pools_buffers(lm
 
     flag = tmp_path / "die"
     monkeypatch.setenv("SEQLOADER_TEST_FLAG", str(flag))
-    loader = Loader(lmdb_dir, "val", _dies_on_flag, batch_size=2, shuffle=False, cache=8,
+    loader = Loader(lmdb_dir, "train", _dies_on_flag, batch_size=2, shuffle=False, cache=8,
                     num_workers=2, prefetch=4)
     it = iter(loader)
-    old = [next(it) for _ in range(3)]  # held: zero-copy views, leased
+    old = [next(it) for _ in range(3)]  # held: zero-copy views, leased (at most 8 batches
+    # are decoded ahead, and the split has 23: the flag below is sure to kill a worker)
     flag.touch()
     with pytest.raises(WorkerDiedError):
         for _ in it:
