@@ -60,6 +60,13 @@ def open_env(path: str | Path, *, readahead: bool = True) -> lmdb.Environment:
     except lmdb.Error as e:
         raise FormatError(f"{path}: cannot be opened as an LMDB database ({e}); is it a "
                           "seqloader .lmdb file, and was it copied completely?") from None
+    # a cut-short copy: LMDB maps the file, and touching a page past its end is SIGBUS
+    # (a crash with no message), so compare the size its meta page records first
+    need, have = (env.info()["last_pgno"] + 1) * env.stat()["psize"], os.path.getsize(path)
+    if need > have:
+        env.close()
+        raise FormatError(f"{path}: truncated ({have:,} of {need:,} bytes); copy it again "
+                          "(or re-run preprocess_sequential.py)")
     _ENVS[key] = [env, 1]
     return env
 

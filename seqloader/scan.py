@@ -29,6 +29,12 @@ __all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def _unreadable_folder(err: OSError) -> None:
+    """os.walk skips a folder it cannot list: its images would silently be missing."""
+    raise ValueError(f"cannot list folder {err.filename}: {err.strerror}; fix its permissions "
+                     "(or move it out of the dataset) and run again") from err
+
+
 def is_image_file(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
 
@@ -74,7 +80,8 @@ def scan_class_tree(root: str | Path) -> Scan:
     ignored = 0
     for label, cls in enumerate(classes):
         n_before = len(paths)
-        for dirpath, _, fnames in sorted(os.walk(root / cls, followlinks=True)):
+        for dirpath, _, fnames in sorted(os.walk(root / cls, followlinks=True,
+                                                 onerror=_unreadable_folder)):
             rel = Path(dirpath).relative_to(root).as_posix()
             if any(part.startswith(".") for part in rel.split("/")[1:]):
                 continue

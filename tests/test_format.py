@@ -157,3 +157,22 @@ def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
 def test_unknown_checksum_algorithm_fails_clearly():
     with pytest.raises(FormatError, match="checksum algorithm 'crc7'.*upgrade"):
         unpack_meta(msgpack.packb(_meta_dict(checksum_algorithm="crc7")), where="x.lmdb")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.03])
+def test_a_truncated_copy_is_named_not_a_crash(lmdb_dir, tmp_path, keep):
+    """LMDB maps the file: reading a page past a cut-short copy's end would be SIGBUS
+    (the process dies with no message).  The size the meta page records is checked
+    first.  Run in a child process so a regression cannot kill the test run."""
+    import subprocess
+    import sys
+
+    src = lmdb_dir / "ILSVRC-train.lmdb"
+    data = src.read_bytes()
+    cut = tmp_path / "ILSVRC-train.lmdb"
+    cut.write_bytes(data[:int(len(data) * keep)])
+    code = ("from seqloader.database import open_database\n"
+            f"open_database({str(cut)!r})\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r
+    assert "FormatError" in r.stderr and "truncated" in r.stderr and "copy it again" in r.stderr

@@ -162,3 +162,22 @@ def test_restart_index_only_where_it_fits():
         assert (out is not data) == fits
         assert (jpeg_scan(out, jpeg_frame(out)).index != (0, 0)) == fits
         assert np.array_equal(decode_bgr(out), decode_bgr(data))
+
+
+def test_restart_marked_jpeg_that_cannot_decode_is_rejected_with_restart_markers():
+    """A JPEG whose restart markers tile it already only gets an index (no jpegtran
+    pass), so it must still go through the decode check: here its scan names Huffman
+    tables that are never defined."""
+    from seqloader.images import restart_blocks, restart_grid
+
+    img = np.random.default_rng(1).integers(0, 256, (64, 128, 3), np.uint8)
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90,
+                                         cv2.IMWRITE_JPEG_RST_INTERVAL, restart_blocks(8)])
+    good = buf.tobytes()
+    data = bytearray(good)
+    data[data.index(b"\xff\xda") + 6] = 0x33  # first component: tables 3/3, undefined
+    data = bytes(data)
+    assert restart_grid(data) and cv2.imdecode(np.frombuffer(data, np.uint8), 1) is None
+    assert prepare_image(data, restart=True).error is not None
+    stored = prepare_image(good, restart=True)  # the good one gets its index, still valid
+    assert stored.error is None and stored.data != good and decode_bgr(stored.data) is not None

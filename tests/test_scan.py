@@ -94,3 +94,20 @@ def test_labels_file_must_cover_every_image(tmp_path):
     (tmp_path / "l.txt").write_text("a.JPEG n1\nb.JPEG n9\n")
     with pytest.raises(ValueError, match=r"class 'n9' is not one of"):
         scan_labelled_folder(val, tmp_path / "l.txt", ["n1"])
+
+
+def test_an_unreadable_folder_is_an_error_not_missing_images(tmp_path, monkeypatch):
+    """os.walk skips a folder it cannot list; its images must not silently vanish.
+    (Tests run as root here, where chmod does not stop listing: the error is injected.)"""
+    for i in range(3):
+        _touch(tmp_path / "a" / f"{i}.JPEG")
+        _touch(tmp_path / "b" / "nested" / f"{i}.JPEG")
+    real = os.scandir
+
+    def scandir(path="."):
+        if str(path).endswith("nested"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(ValueError, match=r"cannot list folder .*nested: Permission denied.*permissions"):
+        scan_class_tree(tmp_path)
