@@ -214,7 +214,14 @@ def _has_jpeg_end(data: bytes) -> bool:
     a successful ``imdecode`` does not prove the file is whole.
     """
     tail = data[-4096:].rstrip(b"\x00\r\n \t")
-    return tail.endswith(b"\xff\xd9")
+    if tail.endswith(b"\xff\xd9"):
+        return True
+    # data after the EOI (camera trailers, a second picture): an EOI after the first
+    # scan starts -- entropy-coded data cannot hold one; an EXIF thumbnail's EOI sits
+    # before the scan and does not count
+    frame = jpeg_frame(data)
+    scan = None if frame is None else jpeg_scan(data, frame)
+    return scan is not None and bytes(data).find(b"\xff\xd9", scan.offset) >= 0
 
 
 def decode_bgr(data: bytes | memoryview | np.ndarray, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:

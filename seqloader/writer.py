@@ -150,8 +150,12 @@ def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str]:
 
 def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -> str:
     h = hashlib.blake2b(digest_size=16)
+    # quality shapes every re-encoded record (CMYK, PNG-as-JPEG, ... even without
+    # max_size); outside max_size it is added only where it is not the default, so the
+    # fingerprints of earlier databases written with the default still match
+    reencode_quality = opt.quality if opt.max_size or opt.quality != WriteOptions.quality else None
     h.update(repr((FORMAT_VERSION, split, scan.classes, opt.verify, opt.max_size,
-                   opt.quality if opt.max_size else None, opt.store_paths, opt.shards)
+                   reencode_quality, opt.store_paths, opt.shards)
                   + ((True,) if opt.restart_markers else ())).encode())
     for i in order.tolist():
         h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode())

@@ -71,6 +71,23 @@ def test_truncated_jpeg_is_rejected_only_when_verifying():
     assert prepare_image(data, verify=False).data is data
 
 
+def test_data_after_the_end_of_image_is_not_truncation():
+    """Camera trailers (or a second picture) after the EOI: whole files, stored as they
+    are.  An EXIF thumbnail's EOI comes before the scan: a truncated file with one is
+    still truncated."""
+    from seqloader.images import check_stored
+
+    good = _jpeg(_photo(200, 200))
+    for trailer in (b"SEFH" + bytes(range(256)) * 20, good):  # opaque bytes; an MPF-like 2nd JPEG
+        data = good + trailer
+        assert prepare_image(data).data == data and check_stored(data) is None
+    thumb = _jpeg(_photo(16, 16))
+    app1 = b"\xff\xe1" + (len(thumb) + 8).to_bytes(2, "big") + b"Exif\x00\x00" + thumb
+    with_thumb = good[:2] + app1 + good[2:]
+    assert prepare_image(with_thumb).data == with_thumb
+    assert "truncated" in prepare_image(with_thumb[:-3000]).error
+
+
 def test_max_size_shrinks_only_large_images():
     big = _jpeg(_photo(300, 500))
     p = prepare_image(big, max_size=100)

@@ -206,6 +206,12 @@ def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
     out.rename(out.with_name(out.name + ".partial"))  # stands in for an unfinished seed-1 run
     with pytest.raises(FileExistsError, match="different command"):
         _quiet(write_split, scan, out, "train", _opts(seed=2))
+    # the re-encode quality shapes the CMYK / PNG-as-JPEG records even without max_size
+    with pytest.raises(FileExistsError, match="different command"):
+        _quiet(write_split, scan, out, "train", _opts(seed=1, quality=40))
+    _quiet(write_split, scan, out, "train", _opts(seed=1))  # the same command finishes it
+    with pytest.raises(FileExistsError, match="not written by this command"):
+        _quiet(write_split, scan, out, "train", _opts(seed=1, quality=40))
 
 
 def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
