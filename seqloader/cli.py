@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
         return args.fn(args)
-    except (FormatError, FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
+    except (FormatError, OSError, ValueError, RuntimeError) as e:
         print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

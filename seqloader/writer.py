@@ -338,6 +338,17 @@ class _ShardWriter:
             reader.close()
 
     def run(self, start: int, stop: int) -> ShardResult:
+        """Write (or finish writing) this shard from source positions [start, stop)."""
+        try:
+            return self._run(start, stop)
+        except (lmdb.Error, PermissionError, OSError) as e:
+            if isinstance(e, (FileExistsError, FileNotFoundError, IsADirectoryError)):
+                raise  # (our own messages, or a path error that names the path)
+            raise OSError(f"{self.partial}: cannot write ({type(e).__name__}: {e}); check that "
+                          "the output folder is writable and has free space, then re-run the "
+                          "same command: it resumes where it stopped") from e
+
+    def _run(self, start: int, stop: int) -> ShardResult:
         t0 = time.perf_counter()
         self.partial.parent.mkdir(parents=True, exist_ok=True)
         self.extents: list[np.ndarray] | None = self._committed_extents()

@@ -380,3 +380,23 @@ def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(l
         found.append(res.bad)
     assert found[0] == found[1]
     assert verify_database(lmdb_dir / "ILSVRC-train.lmdb", workers=3, progress=False).ok
+
+
+def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch, capsys):
+    """A full disk (or an unwritable folder) while writing: an error naming the file
+    and what to do, not an LMDB traceback; re-running the same command resumes."""
+    import seqloader.writer as W
+
+    def full(self, env, pending, meta):
+        raise lmdb.Error("mdb_txn_commit: Input/output error")
+    monkeypatch.setattr(W._ShardWriter, "_commit", full)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match=r"ILSVRC-train\.lmdb\.partial: cannot write .*Input/output "
+                                      r"error.*free space.*re-run the same command"):
+        _quiet(preprocess, synth_tree.root, out, splits=("train",), options=_opts())
+    assert cli(["preprocess", str(synth_tree.root), str(out), "--splits", "train",
+                "--no-progress"]) == 2
+    assert "free space" in capsys.readouterr().err
+    monkeypatch.undo()
+    _quiet(preprocess, synth_tree.root, out, splits=("train",), options=_opts())
+    assert open_database(out / "ILSVRC-train.lmdb").num_records > 0
