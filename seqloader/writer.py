@@ -182,6 +182,12 @@ def _remove_db(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
+def _tsv(field: str) -> str:
+    """A field of the bad-files report: backslash, tab and line breaks escaped."""
+    return (field.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+            .replace("\r", "\\r"))
+
+
 def _report_path(final: Path) -> Path:
     return final.with_name(final.name + ".bad-files.tsv")
 
@@ -387,7 +393,7 @@ class _ShardWriter:
             os.close(dirfd)
         report = _report_path(self.final)
         if meta.bad_files:
-            report.write_text("".join(f"{p}\t{r}\n" for p, r in meta.bad_files))
+            report.write_text("".join(f"{_tsv(p)}\t{_tsv(r)}\n" for p, r in meta.bad_files))
         else:
             report.unlink(missing_ok=True)
         return ShardResult(self.final, meta.num_records, meta.image_bytes, meta.bad_files,
@@ -471,6 +477,19 @@ def write_split(scan: Scan, out: str | Path, split: str,
     order = write_order(len(scan), seed=opt.seed, shuffle=opt.shuffle)
     fingerprint = _fingerprint(scan, split, order, opt)
     bounds = [round(k * len(scan) / opt.shards) for k in range(opt.shards + 1)]
+    # the split in another layout (one file vs shards, another shard count) would be
+    # what readers open, or make them fail: replace it only when told to
+    stem = out.name[:-5] if out.name.endswith(".lmdb") else out.name
+    ours = {shard_path(out, k, opt.shards) for k in range(opt.shards)}
+    others = sorted({out, *out.parent.glob(f"{stem}-?????-of-?????.lmdb")} - ours)
+    others = [p for p in others if p.exists()]
+    if others and not opt.overwrite:
+        raise FileExistsError(f"{others[0]} holds split {split!r} in another layout "
+                              f"({len(others)} file(s); this command writes {opt.shards}); pass "
+                              "--overwrite to replace them, or choose another output folder")
+    for p in others:
+        _remove_db(p)
+        _report_path(p).unlink(missing_ok=True)
     report = WriteReport(split)
     written: list[Path] = []
     for k in (opt.shard_ids if opt.shard_ids is not None else range(opt.shards)):
@@ -492,9 +511,10 @@ def write_split(scan: Scan, out: str | Path, split: str,
             raise
         written.append(final)
     if report.bad_files:
+        reports = [str(_report_path(r.path)) for r in report.shards if r.bad_files]
         warnings.warn(f"{split}: {len(report.bad_files)} file(s) could not be decoded and were "
-                      f"skipped; see {_report_path(report.shards[0].path)}"
-                      f"{' (one per shard)' if opt.shards > 1 else ''}", stacklevel=2)
+                      f"skipped; see {', '.join(reports[:3])}"
+                      f"{f' (+{len(reports) - 3} more)' if len(reports) > 3 else ''}", stacklevel=2)
     return report
 
 

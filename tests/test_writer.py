@@ -119,6 +119,46 @@ def test_shards_hold_every_record_once(synth_tree, lmdb_dir, tmp_path):
     assert open_database(tmp_path, "train").shard_sizes == db.shard_sizes
 
 
+def test_another_layout_of_the_split_is_replaced_only_when_told(synth_tree, tmp_path):
+    """One file vs shards: readers open the single file first, so leaving it would hide
+    newly written shards (and old shards beside a new single file are just as stale)."""
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
+    with pytest.raises(FileExistsError, match=r"ILSVRC-val\.lmdb holds split 'val' in another layout"):
+        _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts(shards=2))
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"],
+           options=_opts(shards=2, overwrite=True))
+    assert not (tmp_path / "ILSVRC-val.lmdb").exists()
+    assert len(open_database(tmp_path, "val").paths) == 2
+    with pytest.raises(FileExistsError, match="another layout"):
+        _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts(overwrite=True))
+    assert len(open_database(tmp_path, "val").paths) == 1
+    assert sorted(p.name for p in tmp_path.glob("*.lmdb")) == ["ILSVRC-val.lmdb"]
+
+
+def test_bad_files_report_escapes_and_is_named(tmp_path):
+    """A file name with a tab or a line break must not break the report's lines, and
+    the warning names the reports that exist (here one shard's)."""
+    import cv2
+    import numpy as np
+
+    for i in range(6):
+        d = tmp_path / "src" / "train" / "c0"
+        d.mkdir(parents=True, exist_ok=True)
+        ok, buf = cv2.imencode(".jpg", np.full((8, 8, 3), 30 * i, np.uint8))
+        (d / f"{i}.JPEG").write_bytes(buf.tobytes())
+    (d / "5.JPEG").write_bytes(b"not\ta\njpeg")
+    (d / "5.JPEG").rename(d / "bad\tname\n.JPEG")
+    with pytest.warns(UserWarning) as got:
+        preprocess(tmp_path / "src", tmp_path / "out",
+                   options=_opts(shards=2, shuffle=False))
+    msg = " ".join(str(w.message) for w in got)
+    report, = (tmp_path / "out").glob("*.tsv")  # one shard has the bad file
+    assert f"see {report}" in msg and msg.count(".tsv") == 1
+    lines = report.read_text()
+    assert lines.count("\n") == 1 and lines.startswith("c0/bad\\tname\\n.JPEG\t")
+
+
 def test_existing_output_is_never_overwritten_silently(synth_tree, lmdb_dir, tmp_path):
     _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     before = raw_items(tmp_path / "ILSVRC-val.lmdb")
