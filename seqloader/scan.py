@@ -35,6 +35,26 @@ def _unreadable_folder(err: OSError) -> None:
                      "(or move it out of the dataset) and run again") from err
 
 
+def _walk_once(top: Path, repeated: list[str]) -> list[tuple[str, list[str]]]:
+    """``(folder, file names)`` under ``top`` in sorted order, following symbolic links
+    but entering each real folder once, and never one that contains ``top`` (a link
+    to ``..`` would pull in ``top`` again and the other classes); skipped ones are
+    appended to ``repeated``."""
+    top_real = Path(os.path.realpath(top))
+    seen: set[str] = set()
+    found = []
+    for dirpath, dirnames, fnames in os.walk(top, followlinks=True, onerror=_unreadable_folder):
+        real = os.path.realpath(dirpath)
+        if real in seen or (real != str(top_real) and top_real.is_relative_to(real)):
+            repeated.append(dirpath)
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames.sort()  # the first of several links to a folder is the one kept: sorted
+        found.append((dirpath, fnames))
+    return sorted(found)
+
+
 def is_image_file(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
 
@@ -78,10 +98,10 @@ def scan_class_tree(root: str | Path) -> Scan:
     labels: list[int] = []
     empty: list[str] = []
     ignored = 0
+    repeated: list[str] = []
     for label, cls in enumerate(classes):
         n_before = len(paths)
-        for dirpath, _, fnames in sorted(os.walk(root / cls, followlinks=True,
-                                                 onerror=_unreadable_folder)):
+        for dirpath, fnames in _walk_once(root / cls, repeated):
             rel = Path(dirpath).relative_to(root).as_posix()
             if any(part.startswith(".") for part in rel.split("/")[1:]):
                 continue
@@ -93,6 +113,10 @@ def scan_class_tree(root: str | Path) -> Scan:
                     ignored += 1
         if len(paths) == n_before:
             empty.append(cls)
+    if repeated:
+        warnings.warn(f"{root}: skipped {len(repeated)} folder(s) reached again through "
+                      f"symbolic links (a link loop, or a second link to one folder): "
+                      f"{repeated[:3]}{' ...' if len(repeated) > 3 else ''}", stacklevel=2)
     if empty:
         warnings.warn(f"{root}: {len(empty)} class folder(s) have no images and keep their "
                       f"labels (ImageFolder allow_empty=True): {empty[:10]}"

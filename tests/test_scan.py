@@ -111,3 +111,22 @@ def test_an_unreadable_folder_is_an_error_not_missing_images(tmp_path, monkeypat
     monkeypatch.setattr(os, "scandir", scandir)
     with pytest.raises(ValueError, match=r"cannot list folder .*nested: Permission denied.*permissions"):
         scan_class_tree(tmp_path)
+
+
+def test_symlink_loops_and_repeats_are_walked_once(tmp_path):
+    """Links are followed (ImageFolder does), but a loop (``self -> .``), a link up
+    (``up -> ..``: the class itself and the other classes) or a second link to a
+    folder must not repeat images or hang the scan."""
+    for cls in ("a", "b"):
+        for i in range(3):
+            _touch(tmp_path / cls / f"{i}.JPEG")
+    _touch(tmp_path / "a" / "sub" / "s.JPEG")
+    (tmp_path / "a" / "self").symlink_to(".")
+    (tmp_path / "a" / "up").symlink_to("..")
+    (tmp_path / "a" / "sub2").symlink_to("sub")
+    (tmp_path / "b" / "shared").symlink_to(tmp_path / "a" / "sub")  # another class: kept
+    with pytest.warns(UserWarning, match="skipped 3 folder"):
+        scan = scan_class_tree(tmp_path)
+    assert sorted(scan.paths) == ["a/0.JPEG", "a/1.JPEG", "a/2.JPEG", "a/sub/s.JPEG",
+                                  "b/0.JPEG", "b/1.JPEG", "b/2.JPEG", "b/shared/s.JPEG"]
+    assert list(scan.labels[[p.startswith("b/") for p in scan.paths]]) == [1] * 4
