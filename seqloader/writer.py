@@ -326,7 +326,7 @@ class _ShardWriter:
         ``self.partial`` (one sequential pass over them), or [] if there are none."""
         from .reader import RangeReader
 
-        if not self.partial.exists():
+        if not self.partial.exists() or self.partial.stat().st_size == 0:  # (just created)
             return []
         env = open_env(self.partial, readahead=False)
         try:
@@ -357,13 +357,28 @@ class _ShardWriter:
     def _run(self, start: int, stop: int) -> ShardResult:
         t0 = time.perf_counter()
         self.partial.parent.mkdir(parents=True, exist_ok=True)
-        self.extents: list[np.ndarray] | None = self._committed_extents()
-        env = lmdb.open(str(self.partial), subdir=False, map_size=self.opt.initial_map_size,
-                        readahead=False, meminit=False, max_dbs=0, lock=True)
-        lockf = open(self.partial, "rb")
-        self._fd = lockf.fileno()
+        # the lock first, then what an earlier run committed: another run of this command
+        # may be writing the file (or finish and rename it while this one waits)
+        lockf = os.fdopen(os.open(self.partial, os.O_RDONLY | os.O_CREAT, 0o644), "rb")
         try:
             _lock_or_fail(lockf, self.partial)
+            held = os.fstat(lockf.fileno())
+            now = os.stat(self.partial) if self.partial.exists() else None
+        except BaseException:
+            lockf.close()
+            raise
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            lockf.close()  # finished (renamed) by the run we waited for: is it this one's?
+            if self.final.exists():
+                return _existing(self.final, self.fingerprint)
+            raise RuntimeError(f"{self.partial} was moved by another process while this one "
+                               "waited for it; re-run the command")
+        self._fd = lockf.fileno()
+        env = None
+        try:
+            self.extents: list[np.ndarray] | None = self._committed_extents()
+            env = lmdb.open(str(self.partial), subdir=False, map_size=self.opt.initial_map_size,
+                            readahead=False, meminit=False, max_dbs=0, lock=True)
             meta = self._load_or_start(env)
             self._write_records(env, meta, start, stop)
             meta.complete = True
@@ -377,7 +392,8 @@ class _ShardWriter:
             self._commit(env, [], meta)
             env.sync(True)
         except BaseException:
-            env.close()
+            if env is not None:
+                env.close()
             lockf.close()
             self._fd = None
             raise

@@ -440,3 +440,28 @@ def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch,
     monkeypatch.undo()
     _quiet(preprocess, synth_tree.root, out, splits=("train",), options=_opts())
     assert open_database(out / "ILSVRC-train.lmdb").num_records > 0
+
+
+def test_a_run_that_waited_for_another_to_finish_takes_its_result(synth_tree, tmp_path,
+                                                                   monkeypatch):
+    """Two runs of one command: the second waits for the first's lock; when it gets
+    it, the first has renamed the partial file to the final one.  The second must see
+    the finished database (not write into the renamed file or trip over stale state)."""
+    import shutil
+
+    import seqloader.writer as W
+
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
+    final = tmp_path / "ILSVRC-val.lmdb"
+    before = raw_items(final)
+    partial = tmp_path / "ILSVRC-val.lmdb.partial"
+    shutil.move(final, partial)  # the first run, about to finish
+    real = W._lock_or_fail
+
+    def finish_while_waiting(lockf, path, patience=5.0):
+        os.replace(partial, final)  # ... and it finishes while we wait
+        real(lockf, path, patience)
+    monkeypatch.setattr(W, "_lock_or_fail", finish_while_waiting)
+    rep = _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
+    assert rep[0].shards[0].skipped
+    assert raw_items(final) == before and not partial.exists()
