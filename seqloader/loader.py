@@ -34,6 +34,30 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+class _Iteration:
+    """One epoch's iterator.  A newer ``iter(loader)`` ends it: then ``next()`` raises
+    instead of stopping, so ``zip(loader, loader)`` or a stale iterator is an error,
+    not an epoch that silently looks finished."""
+
+    __slots__ = ("_gen", "superseded", "__weakref__")
+
+    def __init__(self, gen: Iterator) -> None:
+        self._gen, self.superseded = gen, False
+
+    def __iter__(self) -> "_Iteration":
+        return self
+
+    def __next__(self) -> Any:
+        if self.superseded:
+            raise RuntimeError("this iteration over the Loader was ended by a newer "
+                               "iter(loader): one iteration at a time (the workers serve one "
+                               "epoch); keep a single iterator")
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
+
+
 class Loader:
     """Iterate ``(images, labels)`` batches of a seqloader database, DataLoader-style.
 
@@ -49,7 +73,8 @@ class Loader:
     (``shuffle=False``) yields every record once, in file order, across ranks;
     ``drop_last`` as in DataLoader; ``state_dict``/``load_state_dict`` resume mid-epoch
     exactly.  Fork-safe to construct (nothing is opened until iteration); not
-    thread-safe; one iteration at a time (a new ``iter()`` ends the previous one).
+    thread-safe; one iteration at a time (a new ``iter()`` ends the previous one, whose
+    ``next()`` then raises RuntimeError rather than stopping as if the epoch were done).
     Call :meth:`close` (or use ``with``) to stop workers early; they also stop at
     garbage collection and exit.
 
@@ -187,17 +212,18 @@ class Loader:
         """The plan of ``epoch`` (default: the next) -- pure, no I/O."""
         return plan_epoch(self.plan_spec, self._next_epoch if epoch is None else epoch)
 
-    def _end_active(self) -> None:
+    def _end_active(self, superseded: bool = False) -> None:
         it = self._active() if self._active is not None else None
         if it is not None:
+            it.superseded = superseded
             it.close()
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
-        self._end_active()
+        self._end_active(superseded=True)
         epoch, first = self._next_epoch, self._resume
         self._cur_epoch, self._position, self._cur_done = epoch, first, False
         self._next_epoch, self._resume = epoch + 1, 0
-        it = self._iterate(epoch, first)
+        it = _Iteration(self._iterate(epoch, first))
         self._active = weakref.ref(it)
         return it
 

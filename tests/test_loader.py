@@ -367,3 +367,19 @@ def test_bad_arguments_are_named_when_the_loader_is_made(lmdb_dir, bad):
     import re
     with pytest.raises(ValueError, match=rf"{name}.*{re.escape(repr(value))}"):
         Loader(lmdb_dir, "train", None, **{"num_workers": 0, **bad})
+
+
+def test_a_superseded_iterator_raises_instead_of_looking_finished(lmdb_dir):
+    loader = Loader(lmdb_dir, "train", None, batch_size=4, num_workers=0)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)  # a new epoch: the first iteration ends
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(first)
+    assert sum(1 for _ in second) == len(loader)
+    with pytest.raises(RuntimeError, match="newer iter"):
+        list(zip(loader, loader))
+    it = iter(loader)
+    next(it)
+    loader.close()  # close() ends it too, as a finished epoch
+    assert list(it) == []
