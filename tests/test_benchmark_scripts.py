@@ -179,8 +179,9 @@ def test_decode_floor_script(tmp_path):
     assert 0 < res["crop_bytes_share"] < 1
     assert res["region_vs_crop_px"] >= 1  # the shipped window holds the whole crop
     assert all(v > 0 for v in res["ms"].values())
-    assert set(res["speedup"]) == {"fused", "perfect", "floor", "floor_bytes"}
-    assert "fused's stages" in p.stdout
+    assert set(res["speedup"]) == {"fused", "perfect", "floor", "floor_bytes", "decoding"}
+    assert res["speedup"]["decoding"] > 1  # a window at 1/2-1/4 scale vs the whole image
+    assert "fused's stages" in p.stdout and "decoding alone" in p.stdout
     grids = res["restart_grids"]
     assert set(grids) == {"every MCU", "~2 MCUs", "stored (~4 MCUs)"}
     # more markers, more bytes (the coefficients are the same)
