@@ -304,6 +304,12 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
             return [single]
         if not shards:
             found = sorted(x.name for x in p.glob("*.lmdb"))
+            unfinished = sorted(x.name for x in p.glob(f"{stem}*.lmdb.partial"))
+            if unfinished:
+                raise FileNotFoundError(
+                    f"split {split!r} in {p} is still being written or was interrupted: "
+                    f"{unfinished[0]}{' ...' if len(unfinished) > 1 else ''}; re-run the same "
+                    "preprocess_sequential.py command to finish it")
             raise FileNotFoundError(
                 f"no database for split {split!r} in {p}: looked for {stem}.lmdb or "
                 f"{stem}-NNNNN-of-NNNNN.lmdb; found {found or 'no .lmdb files'}. Create it with "

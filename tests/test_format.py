@@ -108,6 +108,9 @@ def test_shard_names_and_discovery(tmp_path):
     assert find_database(names[2]) == names
     with pytest.raises(FileNotFoundError, match="ILSVRC-val.lmdb"):
         find_database(tmp_path, "val")
+    (tmp_path / "ILSVRC-val.lmdb.partial").write_bytes(b"")  # an interrupted write
+    with pytest.raises(FileNotFoundError, match=r"interrupted: ILSVRC-val\.lmdb\.partial; re-run"):
+        find_database(tmp_path, "val")
 
 
 def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
