@@ -36,7 +36,10 @@ REPO = HERE.parent
 
 
 def _json_out(cmd: list[str]) -> dict:
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if r.returncode != 0:  # show why: the child's stderr, not only its exit status
+        raise RuntimeError(f"{' '.join(cmd)} exited with {r.returncode}:\n{r.stderr[-4000:]}")
+    out = r.stdout
     return json.loads(out[out.index("{"):])
 
 

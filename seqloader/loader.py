@@ -39,13 +39,17 @@ class _Iteration:
     instead of stopping, so ``zip(loader, loader)`` or a stale iterator is an error,
     not an epoch that silently looks finished."""
 
-    __slots__ = ("_gen", "superseded", "__weakref__")
+    __slots__ = ("_gen", "_len", "superseded", "__weakref__")
 
-    def __init__(self, gen: Iterator) -> None:
-        self._gen, self.superseded = gen, False
+    def __init__(self, gen: Iterator, length: int) -> None:
+        self._gen, self._len, self.superseded = gen, length, False
 
     def __iter__(self) -> "_Iteration":
         return self
+
+    def __len__(self) -> int:
+        """The epoch's batches (as DataLoader's iterators report ``len``)."""
+        return self._len
 
     def __next__(self) -> Any:
         if self.superseded:
@@ -223,7 +227,7 @@ class Loader:
         epoch, first = self._next_epoch, self._resume
         self._cur_epoch, self._position, self._cur_done = epoch, first, False
         self._next_epoch, self._resume = epoch + 1, 0
-        it = _Iteration(self._iterate(epoch, first))
+        it = _Iteration(self._iterate(epoch, first), len(self))
         self._active = weakref.ref(it)
         return it
 

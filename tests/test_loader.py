@@ -374,6 +374,7 @@ def test_a_superseded_iterator_raises_instead_of_looking_finished(lmdb_dir):
     first = iter(loader)
     next(first)
     second = iter(loader)  # a new epoch: the first iteration ends
+    assert len(second) == len(loader)  # as DataLoader's iterators
     with pytest.raises(RuntimeError, match="ended by a newer iter"):
         next(first)
     assert sum(1 for _ in second) == len(loader)
