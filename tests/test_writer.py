@@ -478,6 +478,7 @@ def test_verify_accepts_small_records_whose_extent_is_an_identical_copy(tmp_path
     d.mkdir(parents=True)
     for i in range(5):
         img = np.random.default_rng(i).integers(0, 256, (64, 64, 3), np.uint8)
+        img = cv2.GaussianBlur(img, (9, 9), 3)  # ~1.7 KB as a JPEG
         (d / f"{i}.JPEG").write_bytes(cv2.imencode(".jpg", img)[1].tobytes())
     _quiet(preprocess, tmp_path / "src", tmp_path / "out", options=_opts())
     db = tmp_path / "out" / "ILSVRC-train.lmdb"
