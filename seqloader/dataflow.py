@@ -22,7 +22,10 @@ from __future__ import annotations
 import collections
 import math
 import multiprocessing as mp
+import traceback
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -52,10 +55,17 @@ class DataFlow:
     def reset_state(self) -> None:
         """Prepare for iteration in this process (open files, seed generators)."""
 
+    def close(self) -> None:
+        """Release files, threads and processes, of this stage and those it reads from.
+        Idempotent; iterating again needs :meth:`reset_state`."""
+
 
 class ProxyDataFlow(DataFlow):
     def __init__(self, df: DataFlow):
         self.df = df
+
+    def close(self) -> None:
+        self.df.close()
 
     def __len__(self) -> int:
         return len(self.df)
@@ -78,6 +88,12 @@ class LMDBData(DataFlow):
     def __init__(self, path: str | Path, split: str | None = None, *, shuffle: bool = False,
                  chunk_size: int = 1024, seed: int = 0, rank: int = 0, world_size: int = 1,
                  even: bool = False, prefetch_bytes: int = 128 << 20, io: str = "auto"):
+        for name, value, least in (("chunk_size", chunk_size, 1), ("world_size", world_size, 1),
+                                   ("rank", rank, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if rank >= world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.db = open_database(path, split)
         self.shuffle, self.chunk_size, self.seed = shuffle, chunk_size, seed
         self.rank, self.world_size, self.even = rank, world_size, even
@@ -95,6 +111,13 @@ class LMDBData(DataFlow):
     def reset_state(self) -> None:
         if self._reader is None:
             self._reader = RangeReader(self.db, prefetch_bytes=self.prefetch_bytes, io=self.io)
+            # an LMDBData dropped without close() still returns its descriptors and thread
+            self._closer = weakref.finalize(self, self._reader.close)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._closer()
+            self._reader = None
 
     def __iter__(self) -> Iterator[list]:
         if self._reader is None:
@@ -217,6 +240,9 @@ class MultiProcessMapData(ProxyDataFlow):
 
     def reset_state(self) -> None:
         super().reset_state()
+        if self._ex is not None and getattr(self._ex, "_broken", False):  # a worker died
+            self._ex.shutdown(wait=True, cancel_futures=True)
+            self._ex = None
         if self._ex is None:
             ctx = mp.get_context(self.start_method)
             self._ex = ProcessPoolExecutor(self.num_proc, ctx, initializer=_init_map_worker)
@@ -231,12 +257,24 @@ class MultiProcessMapData(ProxyDataFlow):
         def result(i: int, f: Future) -> Any:
             try:
                 return f.result()
+            except BrokenProcessPool as e:
+                raise WorkerError(f"MultiProcessMapData: a worker process died with datapoints "
+                                  f"{i}..{i + len(pending)} in flight ({e}); reset_state() "
+                                  "starts a new pool") from e
             except Exception as e:
                 raise WorkerError(f"MultiProcessMapData: {self.fn!r} failed on datapoint {i}: "
                                   f"{type(e).__name__}: {e}") from e
         try:
             for i, dp in enumerate(self.df):
-                pending.append((i, self._ex.submit(self.fn, dp)))
+                try:  # (a pool broken by a dead worker refuses new work here)
+                    fut = self._ex.submit(_call_reporting, self.fn, dp)
+                except Exception as e:
+                    when = (f"while datapoints {pending[0][0]}..{i - 1} were in flight"
+                            if pending else "earlier (the pool is broken)")
+                    raise WorkerError(f"MultiProcessMapData: a worker process died {when} "
+                                      f"({type(e).__name__}: {e}); reset_state() starts a new "
+                                      "pool") from e
+                pending.append((i, fut))
                 if len(pending) >= self.buffer_size:
                     yield result(*pending.popleft())
             while pending:
@@ -249,3 +287,15 @@ class MultiProcessMapData(ProxyDataFlow):
         if self._ex is not None:
             self._ex.shutdown(wait=True, cancel_futures=True)
             self._ex = None
+        super().close()
+
+
+def _call_reporting(fn: Callable[[Any], Any], dp: Any) -> Any:
+    """``fn(dp)`` in a worker; an exception comes back as a RuntimeError carrying its type,
+    message and traceback -- some exceptions cannot be pickled or rebuilt in the parent,
+    which the pool would report as a dead worker."""
+    try:
+        return fn(dp)
+    except Exception as e:
+        raise RuntimeError(f"{type(e).__name__}: {e}\n\nWorker traceback:\n"
+                           f"{traceback.format_exc()}") from None

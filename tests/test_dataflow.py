@@ -1,3 +1,4 @@
+import os
 import numpy as np
 import pytest
 
@@ -91,3 +92,65 @@ def test_mapdata_refuses_none():
 
     with pytest.raises(ValueError, match="does not filter"):
         list(MapData(Items(), lambda x: None))
+
+
+class _Unrebuildable(Exception):
+    def __init__(self, a, b):  # pickles, but cannot be rebuilt from its args alone
+        super().__init__(f"{a}/{b}")
+
+
+def _raise_unrebuildable(dp):
+    raise _Unrebuildable("x", dp[1])
+
+
+def _die_on_three(dp):
+    if dp[1] == 3:
+        os._exit(3)
+    return dp[1]
+
+
+def test_multiprocess_map_errors_name_the_datapoint_and_a_broken_pool_restarts(lmdb_dir):
+    """An exception the parent cannot rebuild still arrives as the function's error (not
+    as a 'dead worker'); a worker that really dies is named as such, and reset_state()
+    starts a new pool."""
+    df = MultiProcessMapData(LMDBData(lmdb_dir, "val"), 2, _raise_unrebuildable)
+    df.reset_state()
+    with pytest.raises(WorkerError, match=r"failed on datapoint 0: .*_Unrebuildable: x/"):
+        list(df)
+    df.close()
+    df = MultiProcessMapData(LMDBData(lmdb_dir, "val"), 2, _die_on_three)
+    df.reset_state()
+    with pytest.raises(WorkerError, match="worker process died"):
+        list(df)
+    df.fn = _label_plus_one
+    df.reset_state()  # the broken pool is replaced
+    assert len(list(df)) == len(df)
+    df.close()
+
+
+def test_close_releases_descriptors_and_threads(lmdb_dir):
+    """Each LMDBData holds descriptors and a readahead thread once reset: close() (down a
+    pipeline of stages) or dropping it returns them."""
+    import gc
+    import threading
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    before, threads = fds(), threading.active_count()
+    for i in range(6):
+        df = BatchData(LMDBData(lmdb_dir, "train"), 4)
+        df.reset_state()
+        next(iter(df))
+        if i % 2:
+            df.close()
+        del df
+        gc.collect()
+    assert fds() <= before and threading.active_count() <= threads
+
+
+@pytest.mark.parametrize("kw", [dict(rank=2, world_size=2), dict(rank=-1, world_size=2),
+                                dict(chunk_size=0), dict(world_size=0)])
+def test_lmdbdata_arguments_are_checked(lmdb_dir, kw):
+    with pytest.raises(ValueError, match="rank|chunk_size|world_size"):
+        LMDBData(lmdb_dir, "train", **kw)
