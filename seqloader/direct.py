@@ -140,6 +140,9 @@ class Part:
     ids: np.ndarray | None
     offsets: np.ndarray
     lengths: np.ndarray
+    #: a buffered descriptor of the same file, for records larger than the ring (reading
+    #: the file opened, not whatever the path names now); None: open ``path``
+    fd_buffered: int | None = None
 
 
 def _read_block(fd: int, buf: memoryview, offset: int) -> int:
@@ -351,11 +354,14 @@ def _huge_offset(m: mmap.mmap) -> int:
 
 def _read_unaligned(part: Part, off: int, n: int) -> bytes:
     """One record read on its own (buffered), for records larger than the ring."""
-    fd = os.open(part.path, os.O_RDONLY)
-    try:
-        data = os.pread(fd, n, off)
-    finally:
-        os.close(fd)
+    if part.fd_buffered is not None:
+        data = os.pread(part.fd_buffered, n, off)
+    else:
+        fd = os.open(part.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, n, off)
+        finally:
+            os.close(fd)
     if len(data) != n:
         raise FormatError(f"{part.path}: ends at byte {off + len(data)}, inside a record that "
                           f"reaches byte {off + n}; the file is truncated: run `seqloader verify` on it")

@@ -510,7 +510,8 @@ class RangeReader:
                 if b > a:
                     sh = shards[s]
                     spans, ids = sh.spans(a, b)
-                    yield Part(sh.path, sh.fd_direct, spans, ids, sh.offsets[a:b], sh.lengths[a:b])
+                    yield Part(sh.path, sh.fd_direct, spans, ids, sh.offsets[a:b], sh.lengths[a:b],
+                               sh.fd_through)
 
         indices = (self._offsets[s] + local for s, a, b in parts for local in range(a, b))
         stream = self._stream.read(described())

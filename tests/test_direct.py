@@ -260,3 +260,27 @@ def test_dataflow_reader_with_direct_io(big_db, monkeypatch):
         assert df._reader.direct == (io == "direct")
         df._reader.close()
     assert len(got["direct"]) == big_db.num_records and got["direct"] == got["buffered"]
+
+
+def test_records_larger_than_the_ring_come_from_the_file_as_opened(big_db, monkeypatch,
+                                                                    tmp_path):
+    """A record larger than the ring is read on its own -- from the reader's open
+    descriptor, not by path: a file renamed or replaced meanwhile must not change it."""
+    import shutil
+
+    from seqloader.database import open_database
+
+    _small_blocks(monkeypatch, 4 * KB, 12 * KB)  # every record larger than the ring
+    path = tmp_path / "ILSVRC-train.lmdb"
+    shutil.copy(big_db.paths[0], path)
+    db = open_database(path)
+    r = RangeReader(db, io="direct", fault_in=False)
+    try:
+        r._open()
+        if not r.direct:
+            pytest.skip("no O_DIRECT on this file system")
+        path.rename(tmp_path / "moved.lmdb")  # the path now names nothing
+        got = [bytes(v) for _, v in r.read([(0, 8)])]
+    finally:
+        r.close()
+    assert got == _records(big_db)[:8]
