@@ -98,6 +98,9 @@ class Database:
 
     paths: tuple[Path, ...]
     metas: tuple[Meta, ...]
+    #: each file's (device, inode, size, mtime in ns) when its metadata was read: readers
+    #: that open the files later check them (:func:`check_identity`); None: unchecked
+    identities: tuple[tuple[int, int, int, int], ...] | None = None
 
     @property
     def num_records(self) -> int:
@@ -157,7 +160,9 @@ def open_database(path: str | Path, split: str | None = None, *,
     """
     paths = find_database(path, split)
     metas = []
+    identities = []
     for p in paths:
+        identities.append(file_identity(os.stat(p)))
         # (readahead on: looking the metadata up reads every page of it, and under
         # MADV_RANDOM each would be a 4 KiB read -- ImageNet's labels and extents are
         # ~20 MB, 5,000 reads on a disk that serves 100/s; read-arounds make it a few)
@@ -175,4 +180,16 @@ def open_database(path: str | Path, split: str | None = None, *,
         if m.shard != i or m.num_shards != len(paths):
             raise FormatError(f"{p} says it is shard {m.shard} of {m.num_shards}, but it is "
                               f"file {i} of {len(paths)}; was it renamed?")
-    return Database(tuple(paths), tuple(metas))
+    return Database(tuple(paths), tuple(metas), tuple(identities))
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_identity(path: str | Path, fd: int, expected: tuple[int, int, int, int] | None) -> None:
+    """Raise FormatError if the file open as ``fd`` is not the one whose metadata was read
+    (re-written or replaced since: its records would not be where the metadata says)."""
+    if expected is not None and file_identity(os.fstat(fd)) != expected:
+        raise FormatError(f"{path} changed since its metadata was read (re-written or "
+                          "replaced); open it again: create a new Loader/reader")

@@ -35,7 +35,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .database import Database, close_env, open_env
+from .database import Database, check_identity, close_env, open_env
 from .direct import DirectStream, Part, choose, open_direct
 from .format import EXTENT_DTYPE, FormatError, Meta, encode_key, meta_extents
 
@@ -80,7 +80,8 @@ class _Shard:
     the cursor for 0.1-0.7 s at every chunk (measured under hddsim), and LMDB's cursor
     walk touches leaves that lie outside the spans.  Older files fall back to LMDB."""
 
-    def __init__(self, path: str, meta: Meta, readahead: bool):
+    def __init__(self, path: str, meta: Meta, readahead: bool,
+                 identity: tuple[int, int, int, int] | None = None):
         self.path = path
         self.fd_direct: int | None = None  # opened by RangeReader in direct mode
         self.fd = os.open(path, os.O_RDONLY)  # the readahead thread's
@@ -88,6 +89,8 @@ class _Shard:
         self.size = os.fstat(self.fd).st_size
         self.env = self.map = None
         try:
+            check_identity(path, self.fd, identity)
+            check_identity(path, self.fd_through, identity)
             self.extents = meta_extents(meta, self.size, where=path)
         except FormatError:
             self.close()
@@ -348,8 +351,9 @@ class RangeReader:
             # thread each touch would be a 4 KiB read -- ~100 records/s on an HDD)
             shards: list[_Shard] = []
             try:
-                for p, m in zip(self.db.paths, self.db.metas):
-                    shards.append(_Shard(str(p), m, self.readahead))
+                ids = self.db.identities or (None,) * len(self.db.paths)
+                for p, m, ident in zip(self.db.paths, self.db.metas, ids):
+                    shards.append(_Shard(str(p), m, self.readahead, ident))
             except BaseException:
                 for sh in shards:
                     sh.close()
@@ -368,6 +372,11 @@ class RangeReader:
                 sh.fd_direct = open_direct(sh.path)
                 if sh.fd_direct is None:
                     why = f"the file system of {sh.path} does not support O_DIRECT"
+                elif os.fstat(sh.fd_direct)[1:3] != os.fstat(sh.fd)[1:3]:  # (ino, dev)
+                    for s in shards:
+                        s.close_direct()
+                    raise FormatError(f"{sh.path} was replaced while it was being opened; "
+                                      "open it again: create a new Loader/reader")
         if why is None:
             self._stream = DirectStream(self.prefetch_bytes)
             return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 
 import numpy as np
@@ -248,3 +249,34 @@ def test_spans_cover_every_record_and_skip_far_outliers(big_db):
             int(sh.lengths[60])
     finally:
         sh.close()
+
+
+@pytest.mark.parametrize("io", ["buffered", "direct"])
+def test_a_file_replaced_after_its_metadata_was_read_is_an_error(lmdb_dir, tmp_path, io):
+    """Readers open the files by path when they start (a Loader's at every epoch without
+    persistent workers): a file re-written or replaced since open_database would have
+    its records elsewhere than the metadata says -- an error, not other records."""
+    import shutil
+
+    from seqloader.database import open_database
+    from seqloader.format import FormatError
+    from seqloader.reader import RangeReader
+
+    path = tmp_path / "ILSVRC-train.lmdb"
+    shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", path)
+    db = open_database(path)
+    r = RangeReader(db, io=io)
+    want = [bytes(v) for _, v in r.read([(0, db.num_records)])]
+    r.close()
+    r = RangeReader(db, io=io)  # the same file again: fine
+    assert [bytes(v) for _, v in r.read([(0, db.num_records)])] == want
+    r.close()
+    shutil.copy(path, tmp_path / "new.lmdb")
+    os.replace(tmp_path / "new.lmdb", path)  # as preprocess --overwrite does
+    r = RangeReader(db, io=io)
+    with pytest.raises(FormatError, match="changed since its metadata was read"):
+        list(r.read([(0, 3)]))
+    r.close()
+    r = RangeReader(open_database(path), io=io)  # opened again: fine
+    assert [bytes(v) for _, v in r.read([(0, db.num_records)])] == want
+    r.close()
