@@ -135,9 +135,9 @@ def test_gpu_normalize_path_gives_the_same_batches(data, reference):
         assert float(g[2]) == pytest.approx(float(w[2]), rel=1e-5, abs=1e-2)  # ~same pixels
 
 
-def _start(args, cwd, err):
+def _start(args, cwd, err, out=subprocess.DEVNULL):
     return subprocess.Popen([sys.executable, str(MAIN)] + [str(a) for a in args], cwd=cwd,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=err)
+                            env=_env(), stdout=out, stderr=err)
 
 
 def _wait_for_lines(proc, log, n):
@@ -202,3 +202,62 @@ def test_ddp_two_processes_stop_and_resume(data):
     q = run(*args, "--checkpoint-dir", ck, "--log-batches", log, "--resume",
             ck / "checkpoint.pth.tar", cwd=data, launcher=torchrun)
     assert batches(log) == ref and "done: epochs=2" in q.stdout
+
+
+@pytest.fixture(scope="module")
+def long_val(tmp_path_factory):
+    """Few training images, many validation ones: validation takes seconds."""
+    from seqloader import WriteOptions, preprocess
+    from seqloader.synth import make_synthetic_imagenet
+
+    root = tmp_path_factory.mktemp("longval")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_synthetic_imagenet(root / "tree", classes=2, per_class=8, val_per_class=400,
+                                seed=0, size="small", progress=False)
+        preprocess(root / "tree", root / "lmdb", options=WriteOptions(progress=False))
+    return root
+
+
+def _wait_for_text(proc, path, text):
+    deadline = time.monotonic() + TIMEOUT
+    while text not in Path(path).read_text(errors="replace"):
+        assert proc.poll() is None, "finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_validation_stops_it_and_keeps_the_trained_epoch(long_val):
+    """Ctrl-C while validating: validation stops (it used to run to its end -- under
+    torchrun, past the 30 s before workers are killed), the epoch's training is kept
+    (checkpoint at the next epoch), its accuracy does not count; --evaluate stops too."""
+    args = [long_val / "lmdb", *SMALL, "--epochs", 2, "--workers", 1]  # 2 train, 100 val batches
+    ck, log, err, out = (long_val / "ck", long_val / "train.log", long_val / "err.txt",
+                         long_val / "out.txt")
+    with open(err, "w") as f, open(out, "w") as o:
+        proc = _start([*args, "--checkpoint-dir", ck, "--log-batches", log], long_val, f, o)
+        _wait_for_lines(proc, log, 2)  # epoch 0's training is done: validation runs
+        _wait_for_text(proc, err, "val")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(TIMEOUT) == 130
+    counted = [line for line in out.read_text().splitlines() if line.startswith(" * acc@1")]
+    assert len(counted) == 1 and int(counted[0].split("(")[1].split()[0]) < 800  # cut short
+    text = err.read_text()
+    assert "validation of epoch 0 stopped early" in text and "interrupted at epoch 1, iteration 0" in text
+    state = load(ck / "checkpoint.pth.tar")
+    assert (state["epoch"], state["iteration"], state["best_acc1"]) == (1, 0, 0.0)
+    assert not (ck / "model_best.pth.tar").exists()
+    with open(err, "w") as f:
+        proc = _start([long_val / "lmdb", *SMALL, "--workers", 1, "--evaluate", "--resume",
+                       ck / "checkpoint.pth.tar"], long_val, f)
+        _wait_for_text(proc, err, "val")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT) == 143
+
+
+def test_resume_errors_are_one_line(data, tmp_path):
+    p = run(data / "lmdb", *SMALL, "--resume", tmp_path / "nope.pth.tar", cwd=data, expect=1)
+    assert "no such checkpoint file" in p.stderr and "Traceback" not in p.stderr
+    p = run(tmp_path / "no-data", *SMALL, cwd=data, expect=1)
+    assert "does not exist" in p.stderr and "Traceback" not in p.stderr

@@ -27,6 +27,7 @@ from tqdm import tqdm
 import seqloader.transforms as T
 from seqloader import Loader
 from seqloader.direct import IO_MODES
+from seqloader.format import FormatError
 
 try:  # optional: without torchvision, the ResNet-18 below is used
     import torchvision.models as tv_models
@@ -188,7 +189,10 @@ class Stopper:
         if self.run.distributed:
             flag = torch.tensor([self.signum], device=self.run.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            self.signum = int(flag.item())
+            got = int(flag.item())
+            if got and not self.signum:  # asked on another rank: a signal here now (torchrun
+                self.since = time.monotonic()  # stopping us) is not a second Ctrl-C yet
+            self.signum = got
         return bool(self.signum)
 
 
@@ -279,6 +283,8 @@ class Run:
         self.stopper = Stopper(self)
 
     def resume(self, path):
+        if not os.path.isfile(path):
+            sys.exit(f"--resume {path}: no such checkpoint file")
         ckpt = torch.load(path, map_location="cpu")
         self.bare_model.load_state_dict(ckpt["state_dict"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -289,7 +295,11 @@ class Run:
             if len(states) != self.world:
                 sys.exit(f"{path} was written by {len(states)} process(es), this run has "
                          f"{self.world}: the data order depends on it; use the same number")
-            self.train_loader.load_state_dict(states[self.rank])  # the batches not yet seen
+            try:
+                self.train_loader.load_state_dict(states[self.rank])  # the batches not yet seen
+            except ValueError as e:
+                sys.exit(f"cannot resume from {path}: {e}\n(use the data, -b, --seed and "
+                         "--cache of the run that wrote it)")
         elif ckpt["iteration"] and not self.args.evaluate:
             print(f"warning: this loader cannot resume mid-epoch; epoch {self.start_epoch} "
                   "restarts", file=sys.stderr)
@@ -317,7 +327,10 @@ class Run:
                         "args": vars(self.args)}, folder / "checkpoint.tmp")
             os.replace(folder / "checkpoint.tmp", path)  # atomic: never a half-written file
             if is_best:
-                shutil.copyfile(path, folder / "model_best.pth.tar")
+                shutil.copyfile(path, folder / "model_best.tmp")
+                os.replace(folder / "model_best.tmp", folder / "model_best.pth.tar")
+        if self.distributed:  # no rank leaves (e.g. to stop) before the file is in place
+            dist.barrier()
         return path
 
     def interrupted(self, epoch, iteration, path):
@@ -345,12 +358,19 @@ class Run:
             if stopped_at is not None:
                 self.interrupted(epoch, stopped_at, self.checkpoint(epoch, stopped_at))
             acc1 = self.validate()
+            stop = self.stopper.requested()  # (on every rank, once: validation may be cut short)
             self.scheduler.step()
-            is_best, self.best_acc1 = acc1 > self.best_acc1, max(acc1, self.best_acc1)
+            is_best = False
+            if stop:  # the epoch's training is done; its validation does not count
+                if self.main:
+                    print(f"validation of epoch {epoch} stopped early: not counted for the best "
+                          "acc@1", file=sys.stderr, flush=True)
+            else:
+                is_best, self.best_acc1 = acc1 > self.best_acc1, max(acc1, self.best_acc1)
             if self.seq:
                 self.train_loader.set_epoch(epoch + 1)  # the checkpoint starts the next epoch
             path = self.checkpoint(epoch + 1, 0, is_best)
-            if epoch + 1 < args.epochs and self.stopper.requested():
+            if epoch + 1 < args.epochs and stop:
                 self.interrupted(epoch + 1, 0, path)
 
     def train(self, epoch):
@@ -408,7 +428,9 @@ class Run:
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1, top-5, count
         with torch.no_grad(), tqdm(total=total, desc="val", disable=not self.main) as bar:
             for i, (images, target) in enumerate(self.val_loader):
-                if i >= total:
+                # a stop request ends validation here (this rank's own flag: ranks may have
+                # different numbers of batches, so no collective per batch)
+                if i >= total or self.stopper.signum:
                     break
                 images = images.to(device, non_blocking=True)
                 target = target.to(device, non_blocking=True)
@@ -430,11 +452,17 @@ class Run:
 
 def main():
     args = parse_args()
-    run = Run(args)
+    try:
+        run = Run(args)
+    except (FileNotFoundError, FormatError) as e:  # a missing data folder or split, ...
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {e}")
     if args.resume:
         run.resume(args.resume)
     if args.evaluate:
         acc1 = run.validate()
+        if run.stopper.signum:
+            run.close()
+            sys.exit(128 + run.stopper.signum)
     else:
         run.fit()
         acc1 = run.best_acc1
