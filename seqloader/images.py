@@ -396,11 +396,12 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
     as_is = reason is None and (max_size is None or small_enough)
     if restart and as_is:  # the one jpegtran attempt for bytes stored as they are
-        marked = restart_grid(data)  # markers there already: only an index is added
-        out = add_restart_markers(data)
-        if out is not data and not marked:  # jpegtran decoded all of it, no warning: checked
-            return Prepared(out, "restart")
-        data = out  # (not transcoded: still checked below)
+        if restart_grid(data):  # markers there already: only an index, and checked below
+            data = add_restart_index(data)
+        else:
+            out = add_restart_markers(data)
+            if out is not data:  # jpegtran decoded all of it without a warning: checked
+                return Prepared(out, "restart")
     need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
     if not need_pixels:
         return Prepared(data)
