@@ -34,7 +34,7 @@ import numpy as np
 
 from .database import open_database
 from .parallel import WorkerError
-from .plan import chunk_order, make_chunks, rank_bounds, slice_ranges
+from .plan import check_count, chunk_order, make_chunks, rank_bounds, slice_ranges
 from .reader import RangeReader
 from .shuffle import shuffled
 from .threads import forking_single_threaded, limit_worker_threads
@@ -90,8 +90,7 @@ class LMDBData(DataFlow):
                  even: bool = False, prefetch_bytes: int = 128 << 20, io: str = "auto"):
         for name, value, least in (("chunk_size", chunk_size, 1), ("world_size", world_size, 1),
                                    ("rank", rank, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+            check_count(name, value, least)
         if rank >= world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.db = open_database(path, split)

@@ -42,7 +42,7 @@ __all__ = [
     "Meta", "Record", "encode_key", "decode_key", "is_record_key", "pack_record",
     "unpack_record", "pack_meta", "unpack_meta", "record_digest", "chain_checksum", "EMPTY_CHECKSUM",
     "CHECKSUM_ALGORITHM",
-    "shard_path", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
+    "shard_path", "shard_files", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
 ]
 
 FORMAT_NAME = "seqloader"
@@ -281,8 +281,18 @@ def shard_path(out: str | Path, shard: int, num_shards: int) -> Path:
     out = Path(out)
     if num_shards == 1:
         return out
-    stem = out.name[:-5] if out.name.endswith(".lmdb") else out.name
-    return out.with_name(f"{stem}-{shard:05d}-of-{num_shards:05d}.lmdb")
+    return out.with_name(f"{_stem(out)}-{shard:05d}-of-{num_shards:05d}.lmdb")
+
+
+def shard_files(out: str | Path) -> list[Path]:
+    """The shard files of the output ``out`` (``X.lmdb``) that exist: every
+    ``X-NNNNN-of-NNNNN.lmdb`` beside it (any shard count), sorted."""
+    out = Path(out)
+    return sorted(out.parent.glob(f"{_stem(out)}-?????-of-?????.lmdb"))
+
+
+def _stem(out: Path) -> str:
+    return out.name[:-5] if out.name.endswith(".lmdb") else out.name
 
 
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.lmdb$")
@@ -299,7 +309,7 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
     if p.is_dir() and split is not None:
         stem = db_name(split)
         single = p / f"{stem}.lmdb"
-        shards = sorted(p.glob(f"{stem}-?????-of-?????.lmdb"))
+        shards = shard_files(single)
         if single.is_file():
             return [single]
         if not shards:

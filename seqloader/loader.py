@@ -20,7 +20,8 @@ from .database import Database, open_database
 from .direct import choose as choose_io
 from .feeder import Feeder
 from .parallel import WorkerPool
-from .plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, num_batches, plan_epoch
+from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
+                   plan_epoch)
 from .producer import ProducerSpec, batch_rng, decode_batch
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
@@ -101,16 +102,12 @@ class Loader:
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto"):
-        def whole(name: str, value: Any, least: int) -> None:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-
         for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
                                    ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
                                    ("prefetch_bytes", prefetch_bytes, 1)):
-            whole(name, value, least)
+            check_count(name, value, least)
         if warmup is not None:
-            whole("warmup", warmup, 0)
+            check_count("warmup", warmup, 0)
         if not isinstance(timeout, numbers.Real) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
         if start_method is not None and start_method not in mp.get_all_start_methods():

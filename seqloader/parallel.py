@@ -152,15 +152,19 @@ def _writable(conn: Connection) -> bool:
         return False
 
 
+def _kill(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+
+
 def _shutdown(procs: list, conns: list[Connection], shms: list[SharedMemory],
               force: bool = False) -> None:
     """Stop the workers -- asked to ("stop"), or with ``force`` killed at once (a worker
     that timed out is stuck, and a reader thread may be blocked sending to it) -- and
     free the shared memory."""
     if force:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+        _kill(procs)
     for c in conns:
         if not force and _writable(c):
             try:
@@ -517,9 +521,7 @@ class WorkerPool:
         if reader is not None:
             reader.stop.set()
             if force:
-                for p in self._procs:
-                    if p.is_alive():
-                        p.kill()
+                _kill(self._procs)
             reader.join(30)
         fin = self._finalizer  # (a dead one has shut this run down at exit already)
         if fin is None or fin.detach() is not None:

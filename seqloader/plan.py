@@ -25,8 +25,9 @@ Nothing here reads data: ``len`` is known before iterating.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,6 +41,13 @@ Range = tuple[int, int]
 DEFAULT_CACHE = 5000
 #: Records per chunk of the epoch plan (~110 MB of ImageNet JPEGs: long sequential reads).
 DEFAULT_CHUNK = 1024
+
+
+def check_count(name: str, value: Any, least: int) -> None:
+    """Raise ValueError naming ``name`` and ``value`` unless ``value`` is an integer (numpy
+    ones too; not a bool) >= ``least`` -- for the constructors' size/rank arguments."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 @dataclass(frozen=True)

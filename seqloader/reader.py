@@ -372,7 +372,7 @@ class RangeReader:
                 sh.fd_direct = open_direct(sh.path)
                 if sh.fd_direct is None:
                     why = f"the file system of {sh.path} does not support O_DIRECT"
-                elif os.fstat(sh.fd_direct)[1:3] != os.fstat(sh.fd)[1:3]:  # (ino, dev)
+                elif not os.path.samestat(os.fstat(sh.fd_direct), os.fstat(sh.fd)):
                     for s in shards:
                         s.close_direct()
                     raise FormatError(f"{sh.path} was replaced while it was being opened; "

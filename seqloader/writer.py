@@ -51,7 +51,7 @@ from . import __version__
 from .database import Database, close_env, open_env, read_meta
 from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY,
                      FormatError, Meta, Record, chain_checksum, encode_key, pack_meta,
-                     pack_record, record_digest, shard_path)
+                     pack_record, record_digest, shard_files, shard_path)
 from .pages import PAGE as _PAGE, address, map_base, unmap
 from .images import JPEGTRAN_HELP, prepare_image
 from .pool import ordered_map, ordered_process_map
@@ -347,7 +347,7 @@ class _ShardWriter:
         """Write (or finish writing) this shard from source positions [start, stop)."""
         try:
             return self._run(start, stop)
-        except (lmdb.Error, PermissionError, OSError) as e:
+        except (lmdb.Error, OSError) as e:
             if isinstance(e, (FileExistsError, FileNotFoundError, IsADirectoryError)):
                 raise  # (our own messages, or a path error that names the path)
             raise OSError(f"{self.partial}: cannot write ({type(e).__name__}: {e}); check that "
@@ -367,7 +367,7 @@ class _ShardWriter:
         except BaseException:
             lockf.close()
             raise
-        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        if now is None or not os.path.samestat(now, held):
             lockf.close()  # finished (renamed) by the run we waited for: is it this one's?
             if self.final.exists():
                 return _existing(self.final, self.fingerprint)
@@ -495,10 +495,8 @@ def write_split(scan: Scan, out: str | Path, split: str,
     bounds = [round(k * len(scan) / opt.shards) for k in range(opt.shards + 1)]
     # the split in another layout (one file vs shards, another shard count) would be
     # what readers open, or make them fail: replace it only when told to
-    stem = out.name[:-5] if out.name.endswith(".lmdb") else out.name
     ours = {shard_path(out, k, opt.shards) for k in range(opt.shards)}
-    others = sorted({out, *out.parent.glob(f"{stem}-?????-of-?????.lmdb")} - ours)
-    others = [p for p in others if p.exists()]
+    others = sorted(p for p in {out, *shard_files(out)} - ours if p.exists())
     if others and not opt.overwrite:
         raise FileExistsError(f"{others[0]} holds split {split!r} in another layout "
                               f"({len(others)} file(s); this command writes {opt.shards}); pass "
