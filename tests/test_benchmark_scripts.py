@@ -1,5 +1,5 @@
-"""Smoke tests of benchmarks/shuffle_quality.py, shuffle_accuracy.py and transforms_bench.py: tiny
-sizes, end to end through the command line with --json."""
+"""Smoke tests of the benchmark scripts (shuffle_quality, shuffle_accuracy, transforms_bench,
+decode_floor, reduced_by_size, ...): tiny sizes, end to end through the command line."""
 from __future__ import annotations
 
 import json
@@ -188,3 +188,23 @@ def test_decode_floor_script(tmp_path):
     # ("~2" is every MCU where neither 2 nor 3 divides a row's MCUs)
     assert grids["every MCU"]["kb"] >= grids["~2 MCUs"]["kb"] >= grids["stored (~4 MCUs)"]["kb"]
     assert grids["every MCU"]["kb"] > grids["stored (~4 MCUs)"]["kb"]
+
+
+@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
+def test_reduced_by_size_script(tmp_path):
+    """Runs end to end on a few photos of two sizes: only draws with a reduced decode are
+    timed (all four draws here at 2000 px on the long side; none fits a 400 px image)."""
+    out = tmp_path / "sizes.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, str(BENCH / "reduced_by_size.py"), "--sizes", "400,2000",
+                        "--quality", "80", "--images", "2", "--draws", "2", "--repeat", "1",
+                        "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    small, large = json.loads(out.read_text())["results"]
+    assert small == {"size": "400x300", "quality": 80, "samples": 0}
+    assert "no draw gets a reduced decode" in p.stdout
+    assert large["size"] == "2000x1500" and large["samples"] == large["draws"] == 4
+    assert large["applies"] == 1.0 and large["kb"] > 0
+    assert set(large["ms"]) == {"fused", "plain", "plain_orig"}
+    assert large["speedup"] > 1 and large["speedup_orig"] > 1  # 1/4-1/2 scale windows
