@@ -16,12 +16,18 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _run(script: str, *args: str, cwd: Path) -> dict:
+def _script(script: str, *args: str, cwd: Path, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+    """Run ``benchmarks/<script> args`` (one thread); fail with its stderr unless it exits 0."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     p = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout)
+    return p
+
+
+def _run(script: str, *args: str, cwd: Path) -> dict:
+    return json.loads(_script(script, *args, cwd=cwd, timeout=120).stdout)
 
 
 def test_fast_epoch_order_is_the_loader_order():
@@ -167,12 +173,8 @@ def test_decode_floor_script(tmp_path):
     """Runs end to end on a few 2000x1500 photos (every draw gets a reduced decode) and
     reports a consistent breakdown; the exact-crop copy codes part of the image."""
     out = tmp_path / "floor.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, str(BENCH / "decode_floor.py"), "--images", "3",
-                        "--draws", "2", "--repeat", "1", "--quality", "80", "--sets", "large",
-                        "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = _script("decode_floor.py", "--images", "3", "--draws", "2", "--repeat", "1",
+                "--quality", "80", "--sets", "large", "--json", str(out), cwd=tmp_path)
     res, = json.loads(out.read_text())["results"]
     assert res["set"] == "large-q80" and res["samples"] >= 4
     assert sum(res["k_counts"].values()) == res["samples"]
@@ -195,12 +197,8 @@ def test_reduced_by_size_script(tmp_path):
     """Runs end to end on a few photos of two sizes: only draws with a reduced decode are
     timed (all four draws here at 2000 px on the long side; none fits a 400 px image)."""
     out = tmp_path / "sizes.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, str(BENCH / "reduced_by_size.py"), "--sizes", "400,2000",
-                        "--quality", "80", "--images", "2", "--draws", "2", "--repeat", "1",
-                        "--json", str(out)], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = _script("reduced_by_size.py", "--sizes", "400,2000", "--quality", "80", "--images", "2",
+                "--draws", "2", "--repeat", "1", "--json", str(out), cwd=tmp_path)
     small, large = json.loads(out.read_text())["results"]
     assert small == {"size": "400x300", "quality": 80, "samples": 0}
     assert "no draw gets a reduced decode" in p.stdout
