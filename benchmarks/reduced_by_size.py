@@ -84,6 +84,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="another set of photos")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    try:
+        longs = [int(v) for v in args.sizes.split(",")]
+        qualities = [int(v) for v in args.quality.split(",")]
+    except ValueError:
+        ap.error(f"--sizes {args.sizes!r} / --quality {args.quality!r}: give comma-separated "
+                 "integers, e.g. --sizes 1024,2000 --quality 75,90")
+    if min(longs) < 16 or not all(1 <= q <= 100 for q in qualities):
+        ap.error(f"--sizes {args.sizes!r} / --quality {args.quality!r}: sizes are long sides "
+                 "of at least 16 px, qualities 1-100")
     if shutil.which("jpegtran") is None:
         print("reduced_by_size.py needs jpegtran (apt install libjpeg-turbo-progs)",
               file=sys.stderr)
@@ -91,8 +100,8 @@ def main() -> int:
     cv2.setNumThreads(1)
     results = []
     print("size        q   applies  KB      plain ms  fused ms  speed-up  (vs original bytes)")
-    for long in (int(v) for v in args.sizes.split(",")):
-        for q in (int(v) for v in args.quality.split(",")):
+    for long in longs:
+        for q in qualities:
             r = bench_size(long, q, args.images, args.draws, args.repeat, args.seed)
             results.append(r)
             if not r["samples"]:

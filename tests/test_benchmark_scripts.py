@@ -206,3 +206,7 @@ def test_reduced_by_size_script(tmp_path):
     assert large["applies"] == 1.0 and large["kb"] > 0
     assert set(large["ms"]) == {"fused", "plain", "plain_orig"}
     assert large["speedup"] > 1 and large["speedup_orig"] > 1  # 1/4-1/2 scale windows
+    for bad in (["--sizes", "big"], ["--quality", "0"]):
+        p = subprocess.run([sys.executable, str(BENCH / "reduced_by_size.py"), *bad],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and bad[0] in p.stderr, p.stderr
