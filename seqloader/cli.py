@@ -130,14 +130,12 @@ def _writer_options(w: dict | None) -> str:
 def _restart_markers(db: Database) -> str | None:
     """Whether the first record's image has restart markers in a grid: ``"index"`` (and
     a restart index, NOTE [ restart index ]), ``"markers"`` (without one) or None."""
-    from .images import jpeg_frame, jpeg_scan, restart_layout
+    from .images import grid_scan
 
     if db.num_records == 0:
         return None
-    image = db.first_record().image
-    frame = jpeg_frame(image)
-    scan = None if frame is None else jpeg_scan(image, frame)
-    if scan is None or restart_layout(frame, scan) is None:
+    scan = grid_scan(db.first_record().image)
+    if scan is None:
         return None
     return "index" if scan.index != (0, 0) else "markers"
 

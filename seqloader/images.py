@@ -272,11 +272,17 @@ def restart_layout(frame: JpegFrame, scan: JpegScan) -> tuple[int, int, int, int
     return None
 
 
-def restart_grid(data: bytes | memoryview | np.ndarray) -> bool:
-    """Whether a JPEG's restart markers tile it in a grid (:func:`restart_layout`)."""
+def grid_scan(data: bytes | memoryview | np.ndarray) -> JpegScan | None:
+    """A JPEG's scan if its restart markers tile it in a grid (:func:`restart_layout`),
+    else None."""
     frame = jpeg_frame(data)
     scan = None if frame is None else jpeg_scan(data, frame)
-    return scan is not None and restart_layout(frame, scan) is not None
+    return scan if scan is not None and restart_layout(frame, scan) is not None else None
+
+
+def restart_grid(data: bytes | memoryview | np.ndarray) -> bool:
+    """Whether a JPEG's restart markers tile it in a grid (:func:`restart_layout`)."""
+    return grid_scan(data) is not None
 
 
 def add_restart_markers(data: bytes) -> bytes:
