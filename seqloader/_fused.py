@@ -812,7 +812,9 @@ class FusedPipeline:
         if p.flip:
             flipped = _scratch(local, "flipped", (oh, ow, 3))
             canvas = _check(cv2.flip(canvas, 1, dst=flipped), flipped)
-        planes = cv2.split(canvas)
+        # into this thread's planes: a fresh list of 3 arrays per image was ~14 of the
+        # ~17 us split took (measured, 224x224)
+        planes = cv2.split(canvas, [_scratch(local, f"plane{c}", (oh, ow)) for c in range(3)])
         for c in range(3):  # uint8 -> float32 (x/255 - mean)/std, one table lookup per pixel
             dst = out[c]
             _check(cv2.LUT(planes[c], self._lut[c], dst=dst), dst)
