@@ -378,10 +378,7 @@ def resize(src: np.ndarray, out_h: int, out_w: int, mode: str, antialias: bool,
     equivalence ].  Writes into ``dst`` when given (and returns it)."""
     sh, sw = src.shape[:2]
     if (sh, sw) == (out_h, out_w):
-        if dst is None:
-            return src
-        np.copyto(dst, src.reshape(dst.shape))
-        return dst
+        return src if dst is None else _check(src, dst)
     if src.ndim == 3 and src.shape[2] == 1:  # OpenCV drops a single channel axis
         res = resize(src[..., 0], out_h, out_w, mode, antialias,
                      None if dst is None else dst[..., 0])
@@ -400,10 +397,7 @@ def resize(src: np.ndarray, out_h: int, out_w: int, mode: str, antialias: bool,
                 # added for it (OpenCV's size from fx/fy is out_h or one more)
                 res = cv2.resize(src, None, fx=out_w / ex, fy=out_h / ey, interpolation=flag)
                 res = res[:out_h, :out_w]
-                if dst is None:
-                    return res
-                np.copyto(dst, res.reshape(dst.shape))
-                return dst
+                return res if dst is None else _check(res, dst)
     if dst is None:
         return cv2.resize(src, (out_w, out_h), interpolation=flag)
     return _check(cv2.resize(src, (out_w, out_h), dst=dst, interpolation=flag), dst)
@@ -836,7 +830,9 @@ def _scratch(local: threading.local, name: str, shape: tuple[int, ...]) -> np.nd
 
 
 def _check(res: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    if res is not dst:  # OpenCV reallocated instead of writing in place
+    """``dst``, holding ``res``: copied there unless it is ``dst`` already (OpenCV may
+    reallocate instead of writing in place; some results are computed elsewhere)."""
+    if res is not dst:
         np.copyto(dst, res.reshape(dst.shape))
     return dst
 
