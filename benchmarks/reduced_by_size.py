@@ -63,8 +63,7 @@ def decode_m8(fused, data: bytes, rng: np.random.Generator, out: np.ndarray) -> 
     jpeg = None if p.scan is None else _fused._splice(p.buf, p.frame, p.scan, r)
     if jpeg is None:  # no window: rows from the top, the decoder stops below them
         r = _fused.Region(0, r.bottom, 0, p.frame.width)
-        o = p.frame.offset + 5
-        jpeg = b"".join((p.buf[:o], r.bottom.to_bytes(2, "big"), p.buf[o + 2:]))
+        jpeg = _fused.with_height(p.buf, p.frame, r.bottom)
     h, w_ = -(-(r.bottom - r.top) * m // 8), -(-(r.right - r.left) * m // 8)
     img = simplejpeg.decode_jpeg(jpeg, colorspace="RGB", min_height=h, min_width=w_,
                                  strict=False)  # as the shipped partial decodes

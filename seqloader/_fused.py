@@ -322,6 +322,13 @@ def _splice(buf: np.ndarray, frame: JpegFrame, scan: JpegScan, reg: Region
     return arr
 
 
+def with_height(buf: np.ndarray, frame: JpegFrame, rows: int) -> bytes:
+    """The JPEG ``buf`` with its frame header saying ``rows`` rows: a decoder stops after
+    them and skips the rest of the scan.  NOTE [ row-limited decode ]"""
+    o = frame.offset + 5
+    return b"".join((buf[:o], rows.to_bytes(2, "big"), buf[o + 2:]))
+
+
 def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
                 local: threading.local, scan: JpegScan | None = None
                 ) -> tuple[np.ndarray | None, Region]:
@@ -342,8 +349,7 @@ def decode_jpeg(buf: np.ndarray, frame: JpegFrame, k: int, region: Region,
             region = Region(0, region.bottom, 0, frame.width)
         partial = region != (0, frame.height, 0, frame.width)
         if partial and data is None:  # same bytes, smaller frame height: the decoder stops
-            o = frame.offset + 5
-            data = b"".join((buf[:o], region.bottom.to_bytes(2, "big"), buf[o + 2:]))
+            data = with_height(buf, frame, region.bottom)
         elif data is None:
             data = buf
         h = -(-(region.bottom - region.top) // k)
