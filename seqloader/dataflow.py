@@ -34,7 +34,7 @@ import numpy as np
 
 from .database import open_database
 from .parallel import WorkerError
-from .plan import check_count, chunk_order, make_chunks, rank_bounds, slice_ranges
+from .plan import check_count, check_rank, chunk_order, make_chunks, rank_bounds, slice_ranges
 from .reader import RangeReader
 from .shuffle import shuffled
 from .threads import forking_single_threaded, limit_worker_threads
@@ -91,8 +91,7 @@ class LMDBData(DataFlow):
         for name, value, least in (("chunk_size", chunk_size, 1), ("world_size", world_size, 1),
                                    ("rank", rank, 0)):
             check_count(name, value, least)
-        if rank >= world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        check_rank(rank, world_size)
         self.db = open_database(path, split)
         self.shuffle, self.chunk_size, self.seed = shuffle, chunk_size, seed
         self.rank, self.world_size, self.even = rank, world_size, even

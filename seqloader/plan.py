@@ -50,6 +50,12 @@ def check_count(name: str, value: Any, least: int) -> None:
         raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
+def check_rank(rank: int, world_size: int) -> None:
+    """Raise ValueError unless ``0 <= rank < world_size``."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+
+
 @dataclass(frozen=True)
 class PlanSpec:
     """Everything the plan depends on.  ``even`` selects the training rule of step 3."""
@@ -70,8 +76,7 @@ class PlanSpec:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        check_rank(self.rank, self.world_size)
         if any(s < 0 for s in self.shard_sizes):
             raise ValueError(f"shard sizes must be >= 0, got {self.shard_sizes}")
 
