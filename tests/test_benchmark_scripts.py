@@ -30,12 +30,21 @@ def _run(script: str, *args: str, cwd: Path) -> dict:
     return json.loads(_script(script, *args, cwd=cwd, timeout=120).stdout)
 
 
-def test_fast_epoch_order_is_the_loader_order():
+def _bench_module(name: str):
+    """Import ``benchmarks/<name>.py`` (benchmarks/ is not a package; its scripts import
+    each other by name, so the folder is on the path while it loads)."""
+    import importlib
+
     sys.path.insert(0, str(BENCH))
     try:
-        from shuffle_quality import fast_epoch_order, pair_repeat
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_fast_epoch_order_is_the_loader_order():
+    sq = _bench_module("shuffle_quality")
+    fast_epoch_order, pair_repeat = sq.fast_epoch_order, sq.pair_repeat
     from seqloader.plan import PlanSpec
     from seqloader.quality import epoch_order
 
@@ -217,12 +226,8 @@ def test_reduced_by_size_fractional_renders_the_same_crop():
     path (the whole image at full scale) as the shipped 1/2-scale decode is (measured:
     2.6 vs 2.4 grey levels mean difference on these grainy photos at 3/8), where another
     crop differs by tens."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import reduced_by_size as rbs
-        from transforms_bench import MEAN, STD, make_set
-    finally:
-        sys.path.remove(str(BENCH))
+    rbs = _bench_module("reduced_by_size")
+    MEAN, STD, make_set = rbs.MEAN, rbs.STD, rbs.make_set  # (from transforms_bench)
     from seqloader.images import add_restart_markers
     from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,
                                       RandomResizedCrop, ToTensor, compile_fused)
