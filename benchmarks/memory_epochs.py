@@ -16,7 +16,7 @@ Anonymous, and Pss split into anonymous, file-backed and shared-memory (shmem) p
 Per epoch it also records the time from ``iter(loader)`` to the first batch (epoch 0
 includes starting the workers) and images/s.
 
-The documented bound (README "Memory", Loader docstring): ``num_workers x prefetch``
+The documented bound (README "Performance", Loader docstring): ``num_workers x prefetch``
 shared-memory batch buffers of ``spec.slot_nbytes`` each, plus ``cache`` records of
 encoded JPEGs held as page cache (``cache x mean record size``), plus fixed overhead
 (the interpreter, torch and OpenCV in the main process -- measured here before the
