@@ -38,6 +38,10 @@ decoder; only decoding fewer bits would (smaller files, or a different codec).
     python benchmarks/decode_floor.py [--images 60] [--draws 2] [--quality 75,90]
         [--sets photos,large] [--no-grids] [--json out.json]
 
+``--sets`` takes the named sets of ``transforms_bench.py`` (photos: ~1200x900 and
+1024x768 mixed; large: 2000x1500) and, as ``reduced_by_size.py`` does, long sides in px
+(e.g. ``1024``: 4:3 photos of 1024x768, half landscape, half portrait).
+
 One thread (``cv2.setNumThreads(1)``), best of ``--repeat`` per sample, methods
 interleaved per sample as in ``transforms_bench.timed``.  Needs ``jpegtran``
 (libjpeg-turbo-progs) and simplejpeg.
@@ -265,9 +269,17 @@ def main() -> int:
         return 2
     cv2.setNumThreads(1)
     results = []
+    sets = {}
     for s in args.sets.split(","):
+        if s.isdigit() and int(s) >= 16:
+            sets[s] = [(int(s) * 3 // 4, int(s)), (int(s), int(s) * 3 // 4)]
+        elif s in SIZES:
+            sets[s] = SIZES[s]
+        else:
+            ap.error(f"--sets: unknown set {s!r}; use {', '.join(SIZES)} or a long side in px")
+    for s, sizes in sets.items():
         for q in (int(v) for v in args.quality.split(",")):
-            originals = make_set(SIZES[s], args.images, 0, q)
+            originals = make_set(sizes, args.images, 0, q)
             res = bench_set(f"{s}-q{q}", originals, args.draws, args.repeat)
             if not args.no_grids:
                 res["restart_grids"] = grid_costs(originals, args.draws, args.repeat)

@@ -202,6 +202,23 @@ def test_decode_floor_script(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
+def test_decode_floor_sets_by_long_side(tmp_path):
+    """``--sets`` also takes long sides in px (4:3 photos): a 400 px set has no draw with a
+    reduced decode, a 1600 px set has some; an unknown name is a usage error."""
+    out = tmp_path / "floor.json"
+    p = _script("decode_floor.py", "--images", "2", "--draws", "2", "--repeat", "1",
+                "--quality", "80", "--sets", "400,1600", "--no-grids", "--json", str(out),
+                cwd=tmp_path)
+    small, large = json.loads(out.read_text())["results"]
+    assert small["set"] == "400-q80" and small["samples"] == 0
+    assert "400-q80: no draw gets a reduced decode" in p.stdout
+    assert large["set"] == "1600-q80" and large["samples"] >= 1 and "restart_grids" not in large
+    bad = subprocess.run([sys.executable, str(BENCH / "decode_floor.py"), "--sets", "huge"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown set 'huge'" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
 def test_reduced_by_size_script(tmp_path):
     """Runs end to end on a few photos of two sizes: only draws with a reduced decode are
     timed (all four draws here at 2000 px on the long side; none fits a 400 px image)."""
