@@ -277,7 +277,11 @@ class Loader:
         """Batch tensors from a buffer.  NOTE [ zero-copy batches ]: on the CPU the images
         tensor is a view of the shared-memory buffer, leased until the tensor (and every
         view of it) is garbage-collected -- no copy, no extra memory.  When the caller
-        holds too many batches, or pins / moves them, the batch is copied instead."""
+        holds too many batches, or pins / moves them, the batch is copied instead.  A
+        held batch stays readable after the pool stops (end of a non-persistent epoch,
+        close(), the loader collected, a worker's death): its views hold an export of the
+        buffer (``slot_views``), so closing the pool leaves that mapping to them
+        (``parallel._unmap_later``) and it is unmapped when the batch goes."""
         labels = torch.from_numpy(labels_v.copy())
         if raw is not None:
             return raw, labels

@@ -121,7 +121,10 @@ def _worker_main(spec: ProducerSpec, worker: int, conn: Connection, names: list[
         return
     finally:
         for shm in shms:
-            shm.close()
+            try:
+                shm.close()
+            except BufferError:  # a view is still referenced (an error's frame): exiting
+                _unmap_later(shm)
 
 
 def _decode(spec: ProducerSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
@@ -186,12 +189,24 @@ def _shutdown(procs: list, conns: list[Connection], shms: list[SharedMemory],
     for shm in shms:
         try:
             shm.close()
-        except BufferError:  # a caller still holds a view; the OS frees it at exit
-            pass
+        except BufferError:  # the caller still holds a batch in it
+            _unmap_later(shm)
         try:
             shm.unlink()
         except FileNotFoundError:
             pass
+
+
+def _unmap_later(shm: SharedMemory) -> None:
+    """Close ``shm`` except for its mapping, which views of it still use (``close()``
+    raised BufferError: ``slot_views`` arrays hold an export): the mapping is unmapped
+    when the last of them goes (they keep its memoryview, hence its mmap, alive).  The
+    object forgets both, so its own ``__del__`` does not try -- and fail -- again."""
+    fd = getattr(shm, "_fd", -1)
+    shm._buf = shm._mmap = None  # type: ignore[attr-defined]
+    if isinstance(fd, int) and fd >= 0:
+        os.close(fd)
+        shm._fd = -1  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

@@ -113,11 +113,18 @@ class ProducerSpec:
 
 
 def slot_views(buf: Any, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(labels[:n], samples[:n], the whole buffer as bytes) views into a batch buffer."""
+    """(labels[:n], samples[:n], the whole buffer as bytes) views into a batch buffer.
+
+    The views hold an export of ``buf`` (``np.frombuffer``) for as long as they, or
+    arrays and tensors made from them, live: a shared-memory buffer cannot be unmapped
+    under them -- ``SharedMemory.close()`` raises BufferError instead (NOTE [ zero-copy
+    batches ] in ``seqloader/loader.py``).  ``np.ndarray(buffer=...)`` does not hold one:
+    closing the pool unmapped batches the caller still held, and reading them crashed."""
     B = spec.batch_size
-    labels = np.ndarray((B,), np.int64, buffer=buf)
-    samples = np.ndarray((B, *spec.sample_shape), spec.sample_dtype, buffer=buf, offset=8 * B)
-    whole = np.ndarray((spec.slot_nbytes,), np.uint8, buffer=buf)
+    whole = np.frombuffer(buf, np.uint8, count=spec.slot_nbytes)
+    labels = whole[:8 * B].view(np.int64)
+    samples = whole[8 * B:8 * B + B * spec.sample_nbytes].view(spec.sample_dtype).reshape(
+        B, *spec.sample_shape)
     return labels[:n], samples[:n], whole
 
 

@@ -200,6 +200,59 @@ def test_held_batches_are_never_overwritten(lmdb_dir):
     pooled.close()
 
 
+HELD_AFTER_STOP = r"""
+import gc, os, sys
+import torch
+import seqloader.transforms as T
+from seqloader import Loader
+
+def maps():  # this process's mappings of (unlinked) seqloader batch buffers
+    with open("/proc/self/maps") as f:
+        return sum("/psm_" in line for line in f)
+
+tf = T.Compose([T.Resize(24), T.CenterCrop(24), T.ToTensor()])
+db, case = sys.argv[1], sys.argv[2]
+
+def make(workers=2, **kw):
+    return Loader(db, "train", tf, batch_size=3, num_workers=workers, **kw)
+
+ref = [x.clone() for x, _ in make(workers=0)]  # the same batches, decoded in this process
+
+if case == "epoch-end":  # persistent_workers=False: the pool stops at the epoch's end
+    loader = make(persistent_workers=False)
+    for x, _ in loader:
+        pass
+    held = [x]
+elif case == "close":
+    loader = make()
+    held = [next(iter(loader))[0]]
+    loader.close()
+elif case == "collected":  # a function's loader, gone when it returns
+    held = [next(iter(make()))[0]]
+x = None  # (the epoch-end case's loop variable)
+want = [ref[-1] if case == "epoch-end" else ref[0]]
+gc.collect()
+print("held", int(maps() > 0), flush=True)
+# reading a batch whose buffer was unmapped crashed here (SIGSEGV)
+print("same", int(all(torch.equal(b, w) for b, w in zip(held, want))), flush=True)
+del held, x
+gc.collect()
+print("left", maps(), flush=True)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+@pytest.mark.parametrize("case", ["epoch-end", "close", "collected"])
+def test_held_batch_outlives_its_pool(lmdb_dir, case):
+    """A zero-copy batch stays readable after its worker pool stops, and its buffer is
+    unmapped when the batch goes (run in a child: the old failure was a segfault)."""
+    p = subprocess.run([sys.executable, "-c", HELD_AFTER_STOP, str(lmdb_dir), case],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout}\n{p.stderr[-2000:]}"
+    assert p.stdout.split() == ["held", "1", "same", "1", "left", "0"], p.stdout
+    assert "Exception ignored" not in p.stderr, p.stderr
+
+
 def test_uint8_device_path_matches_float_path(lmdb_dir):
     import seqloader.transforms as T
     norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import seqloader.transforms as T
 from seqloader import Loader
@@ -327,6 +328,7 @@ def test_batches_held_across_a_worker_death_do_not_free_the_new_pools_buffers(lm
     it = iter(loader)
     old = [next(it) for _ in range(3)]  # held: zero-copy views, leased (at most 8 batches
     # are decoded ahead, and the split has 23: the flag below is sure to kill a worker)
+    old_want = [x.clone() for x, _ in old]
     flag.touch()
     with pytest.raises(WorkerDiedError):
         for _ in it:
@@ -335,6 +337,8 @@ def test_batches_held_across_a_worker_death_do_not_free_the_new_pools_buffers(lm
     loader.set_epoch(0)
     held = list(loader)  # the restarted pool; every batch held
     want = [x.clone() for x, _ in held]
+    # the old batches are intact: the dead pool's close left their buffers mapped
+    assert all(torch.equal(x, w) for (x, _), w in zip(old, old_want))
     leased = set(loader._pool._leased)
     del old, it
     gc.collect()  # the old batches' finalizers run
