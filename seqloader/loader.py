@@ -6,6 +6,7 @@ pool (:mod:`seqloader.parallel`).
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import numbers
 import warnings
@@ -22,7 +23,7 @@ from .feeder import Feeder
 from .parallel import WorkerPool
 from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
                    plan_epoch)
-from .producer import ProducerSpec, batch_rng, decode_batch
+from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -181,7 +182,11 @@ class Loader:
             return self._spec
         fn = adapt(self.transform)
         rec = self.db.first_record()  # infer the sample shape from record 0
-        sample = np.asarray(fn(decode_rgb(rec.image), batch_rng(self.seed, 0, self.rank, 0)))
+        try:
+            with callers_rngs_kept():
+                sample = np.asarray(fn(decode_rgb(rec.image), batch_rng(self.seed, 0, self.rank, 0)))
+        except Exception as e:  # named like every other record's failure
+            raise record_error(e, 0, rec.path) from e
         self._spec = ProducerSpec(mode="decode", transform=fn, sample_shape=sample.shape,
                                   sample_dtype=sample.dtype.name, **common)
         return self._spec
@@ -268,8 +273,9 @@ class Loader:
         samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
         for j, recs in self._feeder.batches(plan, first):
             n = len(recs)
-            raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], labels[:n],
-                               samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
+            with callers_rngs_kept() if spec.transform is not None else contextlib.nullcontext():
+                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], labels[:n],
+                                   samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
             yield j, n, (labels[:n], samples[:n]), raw, None
 
     def _materialize(self, spec: ProducerSpec, labels_v: np.ndarray, images_v: np.ndarray,

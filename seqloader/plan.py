@@ -8,7 +8,8 @@ NOTE [ the epoch plan ]
 3. Ranks take contiguous, disjoint slices of the sequence.  Training (``even``):
    every rank gets ``N // world_size`` records and the last ``N % world_size``
    records of the sequence are dropped -- at most ``world_size - 1`` per epoch,
-   different ones every epoch because the chunk order changes -- so every rank
+   different ones every epoch because the chunk order changes (the same ones for a
+   split of a single chunk) -- so every rank
    has the same number of batches (uneven counts hang DistributedDataParallel).
    Evaluation (not ``even``): slices differ by at most one record, every record
    is visited exactly once overall, and batch counts may differ by one.

@@ -7,17 +7,20 @@ NOTE [ batch buffer layout ]) and the decoder writes labels and samples in place
 """
 from __future__ import annotations
 
+import contextlib
+import operator
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
 
 from .database import Database
 
-__all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch"]
+__all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
+           "callers_rngs_kept", "record_error"]
 
 
 class RecordError(RuntimeError):
@@ -129,13 +132,45 @@ def slot_views(buf: Any, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.nda
 
 
 def _seed_global_rngs(rng: np.random.Generator) -> None:
-    """Seed the global generators third-party transforms use (torch, random, numpy)."""
+    """Seed the global generators third-party transforms use (torch's CPU generator,
+    random, numpy)."""
     s = int(rng.integers(2**31))
     import random
     random.seed(s)
     np.random.seed(s)
     if "torch" in sys.modules:
-        sys.modules["torch"].manual_seed(s)
+        sys.modules["torch"].default_generator.manual_seed(s)
+
+
+@contextlib.contextmanager
+def callers_rngs_kept() -> Iterator[None]:
+    """Run transforms in the caller's process (``num_workers=0``, the shape probe) and
+    give its global generators (random, numpy, torch's CPU one) back as they were:
+    :func:`decode_batch` seeds them for third-party transforms, which must not make the
+    training loop's own draws (dropout, mixup) ignore the user's seed."""
+    import random
+    state = random.getstate()
+    np_state = np.random.get_state()
+    torch = sys.modules.get("torch")
+    torch_state = torch.get_rng_state() if torch is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        np.random.set_state(np_state)
+        if torch is not None and torch_state is not None:
+            torch.set_rng_state(torch_state)
+
+
+def _label(value: Any) -> int:
+    """A label as the int64 batches hold it; TypeError for anything that is not an
+    integer (floats were truncated silently)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"target_transform returned {value!r} ({type(value).__name__}); batch "
+                        "labels are int64, so it must return an integer -- apply other label "
+                        "transforms (one-hot, smoothing) to the label batch after loading") from None
 
 
 # NOTE [ draw, then decode ]
@@ -171,7 +206,7 @@ def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[in
         try:
             rec = msgpack.unpackb(value, raw=False)
             data, label = rec["image"], rec["label"]
-            labels[i] = spec.target_transform(label) if spec.target_transform else label
+            labels[i] = _label(spec.target_transform(label)) if spec.target_transform else label
             if spec.mode == "raw":
                 raw.append(data)
             elif fused is not None:
@@ -179,7 +214,7 @@ def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[in
             else:
                 _generic(spec, data, samples[i], rng)
         except Exception as e:
-            raise _record_error(e, idx, rec.get("path") if isinstance(rec, dict) else None) from e
+            raise record_error(e, idx, rec.get("path") if isinstance(rec, dict) else None) from e
         if len(run) == _RUN:
             _finish(fused, run, samples)
     if run:
@@ -193,11 +228,12 @@ def _finish(fused: Any, run: list[tuple[int, Any, Any]], samples: np.ndarray) ->
         try:
             fused.finish(prep, samples[j])
         except Exception as e:
-            raise _record_error(e, idx, path) from e
+            raise record_error(e, idx, path) from e
     run.clear()
 
 
-def _record_error(e: Exception, idx: int, path: Any) -> RecordError:
+def record_error(e: Exception, idx: int, path: Any) -> RecordError:
+    """A :class:`RecordError` for ``e``, raised while processing record ``idx``."""
     where = f"record {idx}" + (f" ({path})" if path else "")
     return RecordError(f"{where}: {type(e).__name__}: {e}", idx, traceback.format_exc())
 

@@ -70,6 +70,65 @@ def test_user_transform_batches_and_labels(lmdb_dir):
     loader.close()
 
 
+def _boom(img):
+    raise ZeroDivisionError("boom in my transform")
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_transform_failing_on_record_0_names_it(lmdb_dir, nw):
+    """The caller runs the transform on record 0 to learn the sample shape; a failure
+    there is named like any other record's (it was a bare exception)."""
+    from seqloader.producer import RecordError
+    recs = read_records(lmdb_dir / "ILSVRC-train.lmdb")
+    loader = Loader(lmdb_dir, "train", _boom, batch_size=4, num_workers=nw)
+    with pytest.raises(RecordError) as ei:
+        list(loader)
+    assert str(ei.value).startswith(f"record 0 ({recs[0][1].path}): ZeroDivisionError: boom")
+
+
+def _noisy_crop(img):
+    """A plain callable drawing from the global generators, as third-party transforms do."""
+    import random
+    j = random.randrange(4) + int(np.random.randint(4)) + int(torch.randint(4, ()))
+    return np.ascontiguousarray(img[j:j + 8, :8])
+
+
+def test_num_workers_0_leaves_the_callers_global_generators_alone(lmdb_dir):
+    """With num_workers=0 the transforms run in the caller, and their global generators
+    are seeded per batch (for reproducible third-party transforms); the training loop's
+    own draws must still follow the user's seed -- they were reset by every batch."""
+    import random
+
+    def draws():
+        return (random.random(), float(np.random.rand()), float(torch.rand(())))
+
+    kw = dict(batch_size=4, shuffle=True, seed=3)
+    ref = [x.clone() for x, _ in Loader(lmdb_dir, "train", _noisy_crop, num_workers=2, **kw)]
+    seen = []
+    for seed in (1, 2):
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        want = draws()
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        got = [x for x, _ in Loader(lmdb_dir, "train", _noisy_crop, num_workers=0, **kw)]
+        assert draws() == want  # as if the loader had not run
+        assert all(torch.equal(a, b) for a, b in zip(got, ref)) and len(got) == len(ref)
+        seen.append(want)
+    assert seen[0] != seen[1]
+
+
+def test_target_transform_must_return_an_integer(lmdb_dir):
+    """Batch labels are int64: a float label was truncated silently (0.5 -> 0)."""
+    from seqloader.producer import RecordError
+    ok = Loader(lmdb_dir, "val", _mean_color, batch_size=4, num_workers=0,
+                target_transform=lambda y: np.int16(y) + True)
+    recs = read_records(lmdb_dir / "ILSVRC-val.lmdb")
+    assert torch.cat([y for _, y in ok]).tolist() == [r.label + 1 for _, r in recs]
+    bad = Loader(lmdb_dir, "val", _mean_color, batch_size=4, num_workers=0,
+                 target_transform=lambda y: y + 0.5)
+    with pytest.raises(RecordError, match=r"record 0 .*target_transform returned 0\.5 \(float\)"):
+        list(bad)
+
+
 @pytest.mark.parametrize("nw", [0, 2])
 def test_resume_mid_epoch_continues_exactly(lmdb_dir, nw):
     kw = dict(batch_size=3, shuffle=True, num_workers=nw, seed=5, cache=9, chunk_size=4)
