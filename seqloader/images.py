@@ -9,6 +9,8 @@ nvJPEG, ``torchvision.io.decode_jpeg``) and our reduced-scale decode fast path:
 * non-JPEG data, whatever the file name (PNG saved as ``.JPEG``, BMP, ...) ->
   ``reencoded="png"`` etc.;
 * with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``.
+Re-encoding ignores the EXIF orientation, as PIL (torchvision's loader) and our reader
+do for every image, so a re-encoded image keeps its source's rows and columns.
 Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
 (OpenCV's ``IMREAD_COLOR`` replicates the channel).
 
@@ -42,6 +44,7 @@ segments) get none.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -226,10 +229,36 @@ def _has_jpeg_end(data: bytes) -> bool:
 
 def decode_bgr(data: bytes | memoryview | np.ndarray, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
     """Decode to HWC uint8 **BGR** (OpenCV order); None if OpenCV cannot decode it."""
+    return _decode(data, flags)[0]
+
+
+#: OpenCV's size limits (cv2.error from ``validateInputImageSize``) and the environment
+#: variables that raise them, read when OpenCV loads.
+_LIMIT_RE = re.compile(r"CV_IO_MAX_IMAGE_(PIXELS|WIDTH|HEIGHT)")
+
+
+def _decode(data: bytes | memoryview | np.ndarray, flags: int,
+            fmt: str = "image") -> tuple[np.ndarray | None, str | None]:
+    """(image, None) or (None, why not): ``cv2.imdecode`` on untrusted data, which returns
+    None for most damage but *raises* cv2.error for some (a header claiming more pixels
+    than OpenCV's limit, 2**30 by default): never let that escape."""
     buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
     if buf.size == 0:
-        return None
-    return cv2.imdecode(buf, flags)
+        return None, "empty image"
+    try:
+        img = cv2.imdecode(buf, flags)
+    except cv2.error as e:
+        limit = _LIMIT_RE.search(str(e))
+        if limit:
+            return None, (f"image is too large for OpenCV's decoder (its header claims more "
+                          f"than OpenCV's {limit[0]} limit); if it is genuine, raise the limit "
+                          f"with the OPEN{limit[0]} environment variable (e.g. "
+                          f"OPEN{limit[0]}={1 << 32}) and preprocess again")
+        err = (getattr(e, "err", "") or str(e)).strip().splitlines()[-1:] or ["cv2.error"]
+        return None, f"{_undecodable(fmt)} ({err[0]})"
+    if img is None or img.size == 0:
+        return None, _undecodable(fmt)
+    return img, None
 
 
 @dataclass(frozen=True)
@@ -341,6 +370,9 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
 
 
 _CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
+#: A full decode, for re-encoding: EXIF orientation ignored, as for the images stored as they
+#: are and by PIL (torchvision's loader), so a re-encoded image keeps its SOF's rows x columns.
+_FULL_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
 
 
 _TRUNCATED = "truncated JPEG (no end-of-image marker)"
@@ -353,8 +385,7 @@ def _undecodable(fmt: str) -> str:
 def _decode_check(data: bytes, fmt: str) -> str | None:
     """The decode half of the check (NOTE [ decode check ]): a JPEG at 1/8 scale,
     anything else in full; why it fails, or None."""
-    img = decode_bgr(data, _CHECK_FLAGS if fmt == "jpeg" else cv2.IMREAD_COLOR)
-    return _undecodable(fmt) if img is None or img.size == 0 else None
+    return _decode(data, _CHECK_FLAGS if fmt == "jpeg" else _FULL_FLAGS, fmt)[1]
 
 
 def check_stored(data: bytes) -> str | None:
@@ -414,9 +445,9 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     if as_is:  # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
         why = _decode_check(data, fmt)
         return Prepared(data) if why is None else Prepared(None, error=why)
-    bgr = decode_bgr(data, cv2.IMREAD_COLOR)
-    if bgr is None or bgr.size == 0:
-        return Prepared(None, error=_undecodable(fmt))
+    bgr, why = _decode(data, _FULL_FLAGS, fmt)
+    if bgr is None:
+        return Prepared(None, error=why)
     if max_size is not None and min(bgr.shape[:2]) > max_size:
         return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized")
     if reason is not None:

@@ -12,7 +12,12 @@ fingerprint (sources, order, options) and continues from there; the write order
 and the per-image processing are deterministic, so the result is byte-for-byte
 the records of an uninterrupted run.  A complete file is never replaced without
 ``overwrite``; a complete shard with the same fingerprint is skipped (so a
-multi-shard run resumes at its first unfinished shard).
+multi-shard run resumes at its first unfinished shard) -- unless ``strict`` is asked
+for and it (or the partial file being resumed) skipped bad files: that is an error.
+``overwrite`` removes the old files only once it holds the writer's lock on
+``<file>.partial``, so never under another run still writing it.  The bad-files
+report ``<file>.bad-files.tsv`` is written (atomically) before the rename, so a
+complete file never lacks it.
 
 NOTE [ drop-behind ]
 Once a commit is on disk (LMDB syncs every commit), the writer tells the kernel it
@@ -33,10 +38,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -192,6 +199,35 @@ def _report_path(final: Path) -> Path:
     return final.with_name(final.name + ".bad-files.tsv")
 
 
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; OSError for anything else named like an image -- a
+    FIFO would block the reader forever, so it is opened without blocking and refused
+    (the scan lists names only, and a stat per name there would cost a metadata round
+    trip per image on network file systems)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device named "
+                          "like an image)")
+        return f.read()
+
+
+def _write_report(final: Path, bad_files: list[list[str]]) -> None:
+    """The bad-files report of ``final`` (none if there are none), replaced atomically and
+    synced: written before ``final`` appears, so a complete database never lacks it (the
+    rename's directory sync covers its name too)."""
+    report = _report_path(final)
+    if not bad_files:
+        report.unlink(missing_ok=True)
+        return
+    tmp = report.with_name(report.name + ".partial")
+    with open(tmp, "w") as f:
+        f.write("".join(f"{_tsv(p)}\t{_tsv(r)}\n" for p, r in bad_files))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, report)
+
+
 class _ShardWriter:
     """Writes positions ``[start, stop)`` of the order into one shard file."""
 
@@ -212,6 +248,13 @@ class _ShardWriter:
                 f"{self.partial} is an unfinished write of a different command (other "
                 "sources, order or options). Re-run that command to finish it, or pass "
                 "--overwrite to discard it and start again")
+        if meta is not None and meta.bad_files and self.opt.strict:
+            path, why = meta.bad_files[0]
+            raise FileExistsError(
+                f"{self.partial} is an unfinished write started without --strict that already "
+                f"skipped {len(meta.bad_files)} bad file(s) (e.g. {path}: {why}); re-run with "
+                "--overwrite to start again with --strict, or without --strict to finish it "
+                f"(the skipped files are then listed in {_report_path(self.final)})")
         if meta is None:
             o = self.opt
             meta = Meta(split=self.split, classes=list(self.scan.classes), num_records=0,
@@ -233,7 +276,7 @@ class _ShardWriter:
         i = int(self.order[pos])
         rel = self.scan.paths[i]
         try:
-            data = (self.scan.root / rel).read_bytes()
+            data = _read_regular(self.scan.root / rel)
         except OSError as e:
             return pos, None, f"cannot read: {e.strerror or e}"
         p = prepare_image(data, verify=self.opt.verify, max_size=self.opt.max_size,
@@ -369,10 +412,14 @@ class _ShardWriter:
             raise
         if now is None or not os.path.samestat(now, held):
             lockf.close()  # finished (renamed) by the run we waited for: is it this one's?
-            if self.final.exists():
-                return _existing(self.final, self.fingerprint)
+            if self.final.exists() and not self.opt.overwrite:
+                return _existing(self.final, self.fingerprint, self.opt.strict)
             raise RuntimeError(f"{self.partial} was moved by another process while this one "
                                "waited for it; re-run the command")
+        if self.opt.overwrite:  # only now, with the lock: never under a writer still at work
+            _remove_db(self.final)
+            os.truncate(self.partial, 0)  # (the lock is on this file: emptied, not removed)
+            Path(str(self.partial) + "-lock").unlink(missing_ok=True)
         self._fd = lockf.fileno()
         env = None
         try:
@@ -391,6 +438,7 @@ class _ShardWriter:
                 meta.extents = self._relocate_small(env, ext).tobytes()
             self._commit(env, [], meta)
             env.sync(True)
+            _write_report(self.final, meta.bad_files)  # before the rename: never lost
         except BaseException:
             if env is not None:
                 env.close()
@@ -407,11 +455,6 @@ class _ShardWriter:
             os.fsync(dirfd)
         finally:
             os.close(dirfd)
-        report = _report_path(self.final)
-        if meta.bad_files:
-            report.write_text("".join(f"{_tsv(p)}\t{_tsv(r)}\n" for p, r in meta.bad_files))
-        else:
-            report.unlink(missing_ok=True)
         return ShardResult(self.final, meta.num_records, meta.image_bytes, meta.bad_files,
                            time.perf_counter() - t0)
 
@@ -509,11 +552,8 @@ def write_split(scan: Scan, out: str | Path, split: str,
     for k in (opt.shard_ids if opt.shard_ids is not None else range(opt.shards)):
         final = shard_path(out, k, opt.shards)
         partial = final.with_name(final.name + ".partial")
-        if opt.overwrite:
-            _remove_db(final)
-            _remove_db(partial)
-        elif final.exists():
-            report.shards.append(_existing(final, fingerprint))
+        if final.exists() and not opt.overwrite:  # (with overwrite, removed under the lock)
+            report.shards.append(_existing(final, fingerprint, opt.strict))
             continue
         writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt)
         try:
@@ -532,7 +572,9 @@ def write_split(scan: Scan, out: str | Path, split: str,
     return report
 
 
-def _existing(final: Path, fingerprint: str) -> ShardResult:
+def _existing(final: Path, fingerprint: str, strict: bool = False) -> ShardResult:
+    """The result of ``final``, already complete, if this command wrote it: not with
+    ``strict`` if it skipped bad files."""
     env = open_env(final)
     try:
         meta = read_meta(env, final, require_complete=False)
@@ -544,4 +586,10 @@ def _existing(final: Path, fingerprint: str) -> ShardResult:
         raise FileExistsError(f"{final} already exists and was not written by this command "
                               "(different sources, order or options); pass --overwrite to "
                               "replace it, or choose another output folder")
+    if strict and meta.bad_files:
+        raise FileExistsError(f"{final} was written without --strict and skipped "
+                              f"{len(meta.bad_files)} bad file(s), listed in "
+                              f"{_report_path(final)}; pass --overwrite to write it again with "
+                              "--strict (it stops at the first bad file), or run without "
+                              "--strict to accept it")
     return ShardResult(final, meta.num_records, meta.image_bytes, meta.bad_files, 0.0, skipped=True)

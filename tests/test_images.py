@@ -198,3 +198,79 @@ def test_restart_marked_jpeg_that_cannot_decode_is_rejected_with_restart_markers
     assert prepare_image(data, restart=True).error is not None
     stored = prepare_image(good, restart=True)  # the good one gets its index, still valid
     assert stored.error is None and stored.data != good and decode_bgr(stored.data) is not None
+
+
+def _png_claiming(width, height):
+    """A valid PNG signature and IHDR that claim ``width`` x ``height`` grey pixels, with a
+    tiny IDAT: the header alone is what OpenCV's size limit looks at."""
+    import struct
+    import zlib
+
+    def chunk(tag, body):
+        crc = struct.pack(">I", zlib.crc32(tag + body))
+        return struct.pack(">I", len(body)) + tag + body + crc
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 100)) + chunk(b"IEND", b""))
+
+
+def test_image_too_large_for_opencv_is_a_bad_file_not_a_crash(tmp_path):
+    """A header claiming more pixels than OpenCV's limit (2**30) makes cv2.imdecode raise
+    cv2.error instead of returning None: it must be a bad file whose reason names the
+    OPENCV_IO_MAX_IMAGE_PIXELS variable, and the run must go on (it used to die with a
+    worker's traceback and leave a .partial no re-run got past)."""
+    import struct
+
+    from seqloader import WriteOptions, preprocess
+    from seqloader.images import check_stored
+
+    png = _png_claiming(40000, 40000)
+    jpeg = bytearray(_jpeg(_photo(16, 16)))
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5:sof + 9] = struct.pack(">HH", 40000, 40000)
+    jpeg = bytes(jpeg)
+    for p in (prepare_image(png), prepare_image(png, verify=False),
+              prepare_image(jpeg, max_size=256)):  # --max-size: decoded in full to shrink
+        assert p.data is None
+        assert "too large for OpenCV" in p.error and "OPENCV_IO_MAX_IMAGE_PIXELS" in p.error
+    assert "OPENCV_IO_MAX_IMAGE_PIXELS" in check_stored(png)  # seqloader verify's check
+    assert decode_bgr(png) is None
+    for cls in ("a", "b"):
+        d = tmp_path / "src" / "train" / cls
+        d.mkdir(parents=True)
+        for i in range(3):
+            (d / f"{i}.JPEG").write_bytes(_jpeg(_photo() // (i + 1)))
+    (tmp_path / "src" / "train" / "a" / "huge.png").write_bytes(png)
+    with pytest.warns(UserWarning, match="1 file"):
+        rep, = preprocess(tmp_path / "src", tmp_path / "out",
+                          options=WriteOptions(progress=False, workers=2))
+    assert rep.num_records == 6 and not list((tmp_path / "out").glob("*.partial"))
+    path, reason = (tmp_path / "out" / "ILSVRC-train.lmdb.bad-files.tsv").read_text() \
+        .rstrip("\n").split("\t")
+    assert path == "a/huge.png" and "OPENCV_IO_MAX_IMAGE_PIXELS" in reason
+
+
+def test_reencoded_images_ignore_exif_orientation():
+    """PIL (torchvision's loader) and images stored as they are ignore the EXIF
+    orientation, so re-encoding (CMYK, --max-size) must too: a 400x300 JPEG tagged
+    Orientation=6 (rotate 90°, as phones write) stays 300 rows x 400 columns."""
+    Image = pytest.importorskip("PIL.Image")
+    rgb = np.zeros((300, 400, 3), np.uint8)
+    rgb[:, :200] = (255, 0, 0)  # left half red, right half blue
+    rgb[:, 200:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    datas = {}
+    for mode in ("RGB", "CMYK"):
+        buf = io.BytesIO()
+        Image.fromarray(rgb).convert(mode).save(buf, "JPEG", exif=exif.tobytes(), quality=95)
+        datas[mode] = buf.getvalue()
+    assert np.asarray(Image.open(io.BytesIO(datas["RGB"])).convert("RGB")).shape == (300, 400, 3)
+    for data, kw, why, shape in ((datas["RGB"], {"max_size": 150}, "resized", (150, 200)),
+                                 (datas["CMYK"], {}, "cmyk", (300, 400)),
+                                 (datas["CMYK"], {"max_size": 150}, "resized", (150, 200))):
+        p = prepare_image(data, **kw)
+        assert p.reencoded == why and jpeg_info(p.data)[:2] == shape
+        bgr = decode_bgr(p.data)
+        assert bgr[5, 5, 2] > 200 and bgr[5, -5, 0] > 200  # red on the left, blue on the right
+    assert prepare_image(datas["RGB"]).data is datas["RGB"]  # stored as it is

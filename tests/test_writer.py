@@ -105,6 +105,43 @@ def test_strict_stops_with_no_database(synth_tree, tmp_path, capsys):
     assert not list((tmp_path / "cli").glob("*.lmdb"))
 
 
+def test_strict_does_not_accept_an_output_that_skipped_bad_files(synth_tree, tmp_path,
+                                                                 monkeypatch, capsys):
+    """--strict must not finish a write started without it that already skipped bad files,
+    nor accept a complete output that skipped some (both used to exit 0 with the files
+    skipped): a non-zero exit naming the bad-files report and --overwrite, the files
+    left as they are."""
+    import seqloader.writer as W
+
+    real = W._ShardWriter._commit
+
+    def stop_after_a_bad_file(self, env, pending, meta):
+        real(self, env, pending, meta)
+        if meta.bad_files and not meta.complete:
+            raise RuntimeError("stopped")
+    monkeypatch.setattr(W._ShardWriter, "_commit", stop_after_a_bad_file)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="stopped"):
+        _quiet(preprocess, synth_tree.root, out, splits=["train"], options=_opts(commit_bytes=1))
+    monkeypatch.undo()
+    partial, report = out / "ILSVRC-train.lmdb.partial", out / "ILSVRC-train.lmdb.bad-files.tsv"
+    before = raw_items(partial)
+    args = ["preprocess", str(synth_tree.root), str(out), "--splits", "train", "--no-progress",
+            "--strict"]
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert f"{partial} is an unfinished write started without --strict" in err
+    assert "--overwrite" in err and str(report) in err
+    assert raw_items(partial) == before and not (out / "ILSVRC-train.lmdb").exists()
+    _quiet(preprocess, synth_tree.root, out, splits=["train"], options=_opts())  # finished
+    assert report.exists()
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert f"skipped {len(synth_tree.bad_files)} bad file(s), listed in {report}" in err
+    assert "--overwrite" in err
+    assert cli(args + ["--overwrite"]) == 2 and "drop --strict" in capsys.readouterr().err
+
+
 def test_shards_hold_every_record_once(synth_tree, lmdb_dir, tmp_path):
     _quiet(preprocess, synth_tree.root, tmp_path, splits=["train"], options=_opts(shards=3))
     db = open_database(tmp_path, "train")
@@ -157,6 +194,33 @@ def test_bad_files_report_escapes_and_is_named(tmp_path):
     assert f"see {report}" in msg and msg.count(".tsv") == 1
     lines = report.read_text()
     assert lines.count("\n") == 1 and lines.startswith("c0/bad\\tname\\n.JPEG\t")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_named_like_an_image_is_a_bad_file_not_a_hang(tmp_path):
+    """Reading a named pipe blocks until something writes to it: one called ``x.JPEG``
+    hung the run.  It is refused when opened (not a regular file) and reported."""
+    import cv2
+    import numpy as np
+
+    d = tmp_path / "src" / "train" / "c0"
+    d.mkdir(parents=True)
+    for i in range(3):
+        ok, buf = cv2.imencode(".jpg", np.full((8, 8, 3), 40 * i, np.uint8))
+        (d / f"{i}.JPEG").write_bytes(buf.tobytes())
+    os.mkfifo(d / "x.JPEG")
+    code = textwrap.dedent(f"""
+        import warnings
+        from seqloader import WriteOptions, preprocess
+        warnings.simplefilter("ignore")
+        preprocess({str(tmp_path / "src")!r}, {str(tmp_path / "out")!r},
+                   options=WriteOptions(progress=False, workers=2))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(read_records(tmp_path / "out" / "ILSVRC-train.lmdb")) == 3
+    report = (tmp_path / "out" / "ILSVRC-train.lmdb.bad-files.tsv").read_text()
+    assert report == "c0/x.JPEG\tcannot read: not a regular file (a FIFO, socket or device named like an image)\n"
 
 
 def test_existing_output_is_never_overwritten_silently(synth_tree, lmdb_dir, tmp_path):
@@ -237,6 +301,39 @@ def test_interrupted_write_resumes_to_identical_database(synth_tree, tmp_path, s
                                                                  mb.fingerprint)
         # the resumed file's extents (the first part found by re-reading it) are right too
         assert_extents_match(shard_path(out / "ILSVRC-train.lmdb", k, 2))
+
+
+KILLED_AFTER_RENAME = textwrap.dedent("""
+    import os, sys, warnings
+    warnings.simplefilter("ignore")
+    real = os.replace
+    def replace(src, dst, *a, **k):
+        real(src, dst, *a, **k)
+        if str(dst).endswith(".lmdb"):
+            os._exit(137)  # a kill -9 right after the final rename
+    os.replace = replace
+    from seqloader import preprocess, WriteOptions
+    preprocess(sys.argv[1], sys.argv[2], splits=["train"],
+               options=WriteOptions(progress=False, workers=2))
+""")
+
+
+def test_bad_files_report_survives_a_kill_right_after_the_final_rename(synth_tree, tmp_path):
+    """The .bad-files.tsv used to be written after .partial was renamed to .lmdb: a kill
+    in between lost it for good (the re-run said "already complete ... see <report>" and
+    there was none).  It is written (atomically) before the rename."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_RENAME, str(synth_tree.root),
+                           str(out)], env=env, timeout=120)
+    assert proc.returncode == 137 and (out / "ILSVRC-train.lmdb").exists()
+    report = out / "ILSVRC-train.lmdb.bad-files.tsv"
+    with pytest.warns(UserWarning, match=f"see {report}"):
+        rep, = preprocess(synth_tree.root, out, splits=["train"], options=_opts())
+    assert rep.shards[0].skipped
+    listed = {line.split("\t")[0] for line in report.read_text().splitlines()}
+    assert listed == {p.split("/", 1)[1] for p in synth_tree.bad_files}
+    assert not list(out.glob("*.tsv.*"))  # (its temporary file was renamed)
 
 
 def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
@@ -465,6 +562,41 @@ def test_a_run_that_waited_for_another_to_finish_takes_its_result(synth_tree, tm
     rep = _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     assert rep[0].shards[0].skipped
     assert raw_items(final) == before and not partial.exists()
+
+
+def test_overwrite_waits_for_the_writers_lock_before_removing_anything(synth_tree, tmp_path,
+                                                                        monkeypatch):
+    """--overwrite used to delete the .partial of a run still writing it before taking
+    the writer's lock (and then write a second file under the same name, unopposed): it
+    must take the lock first, and fail as usual while another process holds it."""
+    import fcntl
+
+    import seqloader.writer as W
+
+    real_commit, real_lock = W._ShardWriter._commit, W._lock_or_fail
+
+    def stop_midway(self, env, pending, meta):
+        real_commit(self, env, pending, meta)
+        if meta.num_records >= 5 and not meta.complete:
+            raise RuntimeError("stopped")
+    monkeypatch.setattr(W._ShardWriter, "_commit", stop_midway)
+    with pytest.raises(RuntimeError, match="stopped"):  # a run still at work, in effect
+        _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"],
+               options=_opts(commit_bytes=1))
+    monkeypatch.setattr(W._ShardWriter, "_commit", real_commit)
+    monkeypatch.setattr(W, "_lock_or_fail", lambda lockf, path: real_lock(lockf, path, 0.2))
+    partial = tmp_path / "ILSVRC-val.lmdb.partial"
+    before, inode = raw_items(partial), partial.stat().st_ino
+    with open(partial, "rb") as held:  # the other writer's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(RuntimeError, match=f"another process is writing {partial}"):
+            _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"],
+                   options=_opts(overwrite=True))
+        assert partial.stat().st_ino == inode and raw_items(partial) == before
+    _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts(overwrite=True))
+    assert not partial.exists()
+    val = scan_class_tree(synth_tree.root / "val")
+    assert open_database(tmp_path, "val").num_records == len(val)
 
 
 def test_verify_accepts_small_records_whose_extent_is_an_identical_copy(tmp_path, capsys):
