@@ -164,9 +164,21 @@ def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -
     h.update(repr((FORMAT_VERSION, split, scan.classes, opt.verify, opt.max_size,
                    reencode_quality, opt.store_paths, opt.shards)
                   + ((True,) if opt.restart_markers else ())).encode())
-    for i in order.tolist():
-        h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode())
+    for i in order.tolist():  # (names that are not UTF-8 come back as their own bytes)
+        h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+def stored_name(name: str) -> str:
+    """A file or folder name as records and metadata store it (msgpack strings are UTF-8):
+    itself, or -- for a name that is not valid UTF-8 (e.g. Latin-1 ``caf\\xe9.JPEG``, which
+    Python holds with surrogate escapes) -- its bytes with the invalid ones written as
+    ``\\xNN``.  Such a name stopped the whole split with an encoding error."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
@@ -257,7 +269,8 @@ class _ShardWriter:
                 f"(the skipped files are then listed in {_report_path(self.final)})")
         if meta is None:
             o = self.opt
-            meta = Meta(split=self.split, classes=list(self.scan.classes), num_records=0,
+            meta = Meta(split=self.split, classes=[stored_name(c) for c in self.scan.classes],
+                        num_records=0,
                         complete=False, checksum=EMPTY_CHECKSUM, fingerprint=self.fingerprint,
                         shard=self.shard, num_shards=o.shards, shuffled=o.shuffle,
                         seed=o.seed if o.shuffle else None,
@@ -284,13 +297,14 @@ class _ShardWriter:
         if p.data is None:
             return pos, None, p.error or "unknown error"
         value = pack_record(Record(p.data, int(self.scan.labels[i]),
-                                   rel if self.opt.store_paths else None, p.reencoded))
+                                   stored_name(rel) if self.opt.store_paths else None, p.reencoded))
         return pos, value, record_digest(value)  # CHECKSUM_ALGORITHM: see _load_or_start
 
     def _labels(self, start: int, stop: int, meta: Meta) -> bytes:
         """The labels of the stored records, in record order (int32 little-endian)."""
         bad = {p for p, _ in meta.bad_files}
-        idx = [int(i) for i in self.order[start:stop] if self.scan.paths[int(i)] not in bad]
+        idx = [int(i) for i in self.order[start:stop]
+               if stored_name(self.scan.paths[int(i)]) not in bad]
         if len(idx) != meta.num_records:  # pragma: no cover - invariant
             raise AssertionError(f"{len(idx)} labels for {meta.num_records} records")
         return self.scan.labels[idx].astype("<i4").tobytes()
@@ -487,7 +501,7 @@ class _ShardWriter:
                     if opt.strict:
                         raise BadImageError(f"{self.scan.root / path}: {digest}. Fix or remove "
                                             "the file, or drop --strict to skip bad files")
-                    meta.bad_files.append([path, str(digest)])
+                    meta.bad_files.append([stored_name(path), str(digest)])
                 else:
                     key = encode_key(meta.num_records)
                     pending.append((key, value))

@@ -223,6 +223,36 @@ def test_a_fifo_named_like_an_image_is_a_bad_file_not_a_hang(tmp_path):
     assert report == "c0/x.JPEG\tcannot read: not a regular file (a FIFO, socket or device named like an image)\n"
 
 
+def test_names_that_are_not_utf8_are_stored_escaped(tmp_path):
+    """Latin-1 file and folder names (not valid UTF-8; Python holds them with surrogate
+    escapes) stopped the whole split with an encoding error.  They are stored with the
+    bytes that are not UTF-8 written as \\xNN; a re-run finds the output complete."""
+    import cv2
+    import numpy as np
+
+    root = os.fsencode(tmp_path / "src" / "train")
+    for cls in (b"caf\xe9", b"plain"):
+        os.makedirs(os.path.join(root, cls))
+        for i in range(2):
+            ok, buf = cv2.imencode(".jpg", np.full((8, 8, 3), 50 * i, np.uint8))
+            with open(os.path.join(root, cls, b"%d-\xe9t\xe9.JPEG" % i), "wb") as f:
+                f.write(buf.tobytes())
+    with open(os.path.join(root, b"plain", b"bad-\xff.JPEG"), "wb") as f:
+        f.write(b"not a jpeg")
+    with pytest.warns(UserWarning, match="1 file"):
+        rep, = preprocess(tmp_path / "src", tmp_path / "out", options=_opts(shuffle=False))
+    assert rep.num_records == 4
+    db = open_database(tmp_path / "out", "train")
+    assert db.classes == ["caf\\xe9", "plain"]
+    paths = [r.path for _, r in read_records(tmp_path / "out" / "ILSVRC-train.lmdb")]
+    assert paths == ["caf\\xe9/0-\\xe9t\\xe9.JPEG", "caf\\xe9/1-\\xe9t\\xe9.JPEG",
+                     "plain/0-\\xe9t\\xe9.JPEG", "plain/1-\\xe9t\\xe9.JPEG"]
+    report = (tmp_path / "out" / "ILSVRC-train.lmdb.bad-files.tsv").read_text()
+    assert report.startswith("plain/bad-\\\\xff.JPEG\t")  # the report escapes the backslash
+    again, = _quiet(preprocess, tmp_path / "src", tmp_path / "out", options=_opts(shuffle=False))
+    assert again.shards[0].skipped
+
+
 def test_existing_output_is_never_overwritten_silently(synth_tree, lmdb_dir, tmp_path):
     _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     before = raw_items(tmp_path / "ILSVRC-val.lmdb")
