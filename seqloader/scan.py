@@ -35,17 +35,21 @@ def _unreadable_folder(err: OSError) -> None:
                      "(or move it out of the dataset) and run again") from err
 
 
-def _walk_once(top: Path, repeated: list[str]) -> list[tuple[str, list[str]]]:
+def _walk_once(top: Path, repeated: list[str], root: Path | None = None
+               ) -> list[tuple[str, list[str]]]:
     """``(folder, file names)`` under ``top`` in sorted order, following symbolic links
     but entering each real folder once, and never one that contains ``top`` (a link
-    to ``..`` would pull in ``top`` again and the other classes); skipped ones are
-    appended to ``repeated``."""
+    to ``..`` would pull in ``top`` again and the other classes) or is the split folder
+    ``root`` or contains it (a class folder that links to ``.`` would pull in every
+    class); skipped ones are appended to ``repeated``."""
     top_real = Path(os.path.realpath(top))
+    root_real = None if root is None else Path(os.path.realpath(root))
     seen: set[str] = set()
     found = []
     for dirpath, dirnames, fnames in os.walk(top, followlinks=True, onerror=_unreadable_folder):
         real = os.path.realpath(dirpath)
-        if real in seen or (real != str(top_real) and top_real.is_relative_to(real)):
+        if real in seen or (real != str(top_real) and top_real.is_relative_to(real)) or (
+                root_real is not None and root_real.is_relative_to(real)):
             repeated.append(dirpath)
             dirnames[:] = []
             continue
@@ -101,7 +105,7 @@ def scan_class_tree(root: str | Path) -> Scan:
     repeated: list[str] = []
     for label, cls in enumerate(classes):
         n_before = len(paths)
-        for dirpath, fnames in _walk_once(root / cls, repeated):
+        for dirpath, fnames in _walk_once(root / cls, repeated, root):
             rel = Path(dirpath).relative_to(root).as_posix()
             if any(part.startswith(".") for part in rel.split("/")[1:]):
                 continue

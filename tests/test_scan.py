@@ -130,3 +130,20 @@ def test_symlink_loops_and_repeats_are_walked_once(tmp_path):
     assert sorted(scan.paths) == ["a/0.JPEG", "a/1.JPEG", "a/2.JPEG", "a/sub/s.JPEG",
                                   "b/0.JPEG", "b/1.JPEG", "b/2.JPEG", "b/shared/s.JPEG"]
     assert list(scan.labels[[p.startswith("b/") for p in scan.paths]]) == [1] * 4
+
+
+def test_a_class_folder_linking_to_the_split_or_above_is_empty(tmp_path):
+    """A class "folder" that is a link to the split folder (``zz -> .``) or above it
+    pulled every image in again under its own label; it is kept as a class (labels
+    stay ImageFolder's) with no images of its own, and warned about."""
+    for cls in ("a", "b"):
+        for i in range(2):
+            _touch(tmp_path / "train" / cls / f"{i}.JPEG")
+    (tmp_path / "train" / "y_up").symlink_to("..")
+    (tmp_path / "train" / "z_self").symlink_to(".")
+    with pytest.warns(UserWarning) as got:
+        scan = scan_class_tree(tmp_path / "train")
+    assert scan.classes == ["a", "b", "y_up", "z_self"]
+    assert scan.paths == ["a/0.JPEG", "a/1.JPEG", "b/0.JPEG", "b/1.JPEG"]
+    msgs = " ".join(str(w.message) for w in got)
+    assert "skipped 2 folder" in msgs and "have no images" in msgs
