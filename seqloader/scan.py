@@ -129,8 +129,13 @@ def scan_class_tree(root: str | Path) -> Scan:
 
 
 def _read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
-    """(line number, file name, class token) for each data line of a labels file."""
-    text = labels_file.read_text()
+    """(line number, file name, class token) for each data line of a labels file (UTF-8,
+    with or without a byte-order mark)."""
+    try:
+        text = labels_file.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{labels_file} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                         "save it as UTF-8") from None
     rows: list[tuple[int, str, str]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -171,7 +176,13 @@ def scan_labelled_folder(root: str | Path, labels_file: str | Path,
         by_stem.setdefault(os.path.splitext(f)[0], f)
     rows = _read_label_lines(labels_file)
     if rows and rows[0][1] not in by_name and rows[0][1] not in by_stem:
-        rows = rows[1:]  # a header line such as "ImageId,PredictionString"
+        # a header line such as "ImageId,PredictionString" -- unless its class is one (a
+        # known class, a label index, or a class of other lines): then it is a data line
+        # naming a missing image, reported below like any other
+        tok = rows[0][2]
+        if not (tok.isdigit() or (classes is not None and tok in classes)
+                or any(t == tok for _, _, t in rows[1:])):
+            rows = rows[1:]
     if classes is None:
         tokens = {tok for _, _, tok in rows}
         if any(t.isdigit() for t in tokens):

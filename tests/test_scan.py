@@ -147,3 +147,22 @@ def test_a_class_folder_linking_to_the_split_or_above_is_empty(tmp_path):
     assert scan.paths == ["a/0.JPEG", "a/1.JPEG", "b/0.JPEG", "b/1.JPEG"]
     msgs = " ".join(str(w.message) for w in got)
     assert "skipped 2 folder" in msgs and "have no images" in msgs
+
+
+def test_labels_file_with_a_bom_a_missing_first_image_or_not_utf8(tmp_path):
+    """A UTF-8 byte-order mark is not part of the first name; a first line naming a
+    missing image is an error like any other line, not a header skipped silently; a
+    file that is not UTF-8 is an error naming it (it was a bare codec error)."""
+    val = tmp_path / "val"
+    _touch(val / "a.JPEG")
+    _touch(val / "b.JPEG")
+    (tmp_path / "l.txt").write_bytes("a.JPEG n1\nb.JPEG n2\n".encode("utf-8-sig"))
+    assert scan_labelled_folder(val, tmp_path / "l.txt", ["n1", "n2"]).labels.tolist() == [0, 1]
+    (tmp_path / "l.txt").write_text("gone.JPEG n1\na.JPEG n1\nb.JPEG n2\n")
+    with pytest.raises(ValueError, match=r"l.txt:1: no image 'gone.JPEG'"):
+        scan_labelled_folder(val, tmp_path / "l.txt", ["n1", "n2"])
+    (tmp_path / "l.txt").write_text("file,class\na.JPEG,n1\nb.JPEG,n2\n")  # a header
+    assert scan_labelled_folder(val, tmp_path / "l.txt", ["n1", "n2"]).labels.tolist() == [0, 1]
+    (tmp_path / "l.txt").write_bytes(b"a.JPEG caf\xe9\n")
+    with pytest.raises(ValueError, match=r"l.txt is not UTF-8 text.*save it as UTF-8"):
+        scan_labelled_folder(val, tmp_path / "l.txt", ["n1"])
