@@ -31,7 +31,8 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep sorted (class-by-class) order for train too")
     p.add_argument("--no-verify", action="store_true", help="skip the decode check of every image")
     p.add_argument("--strict", action="store_true",
-                   help="stop at the first undecodable image (non-zero exit, nothing written)")
+                   help="stop at the first undecodable image (non-zero exit; that split's "
+                        "output is removed, splits completed before it stay)")
     p.add_argument("--max-size", type=int, metavar="PX",
                    help="re-encode images whose shorter side exceeds PX down to PX")
     p.add_argument("--quality", type=int, default=d.quality,

@@ -66,7 +66,7 @@ def open_env(path: str | Path, *, readahead: bool = True) -> lmdb.Environment:
     if need > have:
         env.close()
         raise FormatError(f"{path}: truncated ({have:,} of {need:,} bytes); copy it again "
-                          "(or re-run preprocess_sequential.py)")
+                          "(or write it again: preprocess_sequential.py ... --overwrite)")
     _ENVS[key] = [env, 1]
     return env
 

@@ -62,6 +62,9 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     opt = options or WriteOptions()
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {root} does not exist")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
+                              "if missing) for the .lmdb files")
     if splits is None:
         splits = [s for s in DEFAULT_SPLITS if (root / s).is_dir()]
         if not splits:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import lmdb
+import numpy as np
 from tqdm import tqdm
 
 from .database import close_env, open_database, open_env
@@ -49,26 +50,26 @@ def _record(path: str, key: bytes) -> bytes | None:
         return txn.get(key)
 
 
-def _check(item: tuple[int, str, bytes, Any, int, str]) -> tuple[bytes, bytes, str | None]:
-    """(key, record digest, error or None) for one (global index, file, key, value or
-    None, number of classes, checksum algorithm).  Without the value (in a worker
-    process) it reads the record itself, so only keys and digests cross processes."""
+def _check(item: tuple[int, str, bytes, Any, int, str]) -> tuple[bytes, bytes, str | None, int]:
+    """(key, record digest, error or None, label or -1) for one (global index, file, key,
+    value or None, number of classes, checksum algorithm).  Without the value (in a
+    worker process) it reads the record itself, so only keys and digests cross processes."""
     index, path, key, value, num_classes, algorithm = item
     if value is None:
         value = _record(path, key)
     if value is None:  # pragma: no cover - the parent just saw the key
-        return key, b"", f"record {index} vanished while being verified"
+        return key, b"", f"record {index} vanished while being verified", -1
     digest = record_digest(value, algorithm)
     try:
         rec = unpack_record(value, where=f"record {index}")
     except FormatError as e:
-        return key, digest, str(e)
+        return key, digest, str(e), -1
     if not 0 <= rec.label < num_classes:
-        return key, digest, f"label {rec.label} outside [0, {num_classes})"
+        return key, digest, f"label {rec.label} outside [0, {num_classes})", rec.label
     why = check_stored(rec.image)
     if why is not None:
-        return key, digest, f"image ({rec.path or 'no path'}): {why}"
-    return key, digest, None
+        return key, digest, f"image ({rec.path or 'no path'}): {why}", rec.label
+    return key, digest, None, rec.label
 
 
 def _holds(path: Path, offset: int, value: Any) -> bool:
@@ -86,7 +87,7 @@ def _forked(workers: int) -> bool:
     return workers > 1 and hasattr(os, "fork")
 
 
-def _map(items: Iterator[tuple], workers: int) -> Iterator[tuple[bytes, bytes, str | None]]:
+def _map(items: Iterator[tuple], workers: int) -> Iterator[tuple[bytes, bytes, str | None, int]]:
     """:func:`_check` over ``items`` in order (see :func:`_forked`)."""
     if _forked(workers):
         return ordered_process_map(_check, items, workers=workers, slot_bytes=0)
@@ -115,6 +116,10 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
             res.problems.append(str(e))
             ext = None
         misplaced: list[int] = []
+        # the metadata's copy of the labels (quality metrics and `info` read it, not the
+        # records): it must agree with the records; the checksum covers only records
+        meta_labels = np.frombuffer(meta.labels, "<i4") if meta.labels else None
+        relabelled: list[int] = []
         try:
             with env.begin(buffers=True) as txn:
                 cur = txn.cursor()
@@ -137,8 +142,11 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
 
                 checksum, expect = EMPTY_CHECKSUM, 0
                 try:
-                    for key, digest, err in _map(items(), workers):
+                    for key, digest, err, label in _map(items(), workers):
                         local = decode_key(key)
+                        if (meta_labels is not None and label >= 0
+                                and (local >= len(meta_labels) or meta_labels[local] != label)):
+                            relabelled.append(local)
                         if local != expect:
                             res.problems.append(f"{p}: record key {local} where {expect} was expected")
                             expect = local
@@ -158,6 +166,11 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                 f"{p}: the metadata's extents of {len(misplaced)} records (first: record "
                 f"{misplaced[0]}) do not match where the records are; the file was modified "
                 "after it was written: re-create it with `seqloader preprocess`")
+        if relabelled:
+            res.problems.append(
+                f"{p}: the metadata's labels of {len(relabelled)} records (first: record "
+                f"{relabelled[0]}) differ from the records' own; the metadata was damaged or "
+                "modified after it was written: re-create the file with `seqloader preprocess`")
         if expect != meta.num_records:
             res.problems.append(f"{p}: {expect} records found, metadata says {meta.num_records}")
         if checksum != meta.checksum:

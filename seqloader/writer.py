@@ -102,6 +102,9 @@ class WriteOptions:
             if bad:
                 raise ValueError(f"shard ids {bad} are not in [0, {self.shards}); "
                                  f"with --shards {self.shards} use 0..{self.shards - 1}")
+            twice = sorted({s for s in self.shard_ids if self.shard_ids.count(s) > 1})
+            if twice:
+                raise ValueError(f"shard ids {twice} are listed more than once in {self.shard_ids}")
         if self.max_size is not None and self.max_size < 1:
             raise ValueError(f"max_size must be a positive number of pixels, got {self.max_size}")
         if not 1 <= self.quality <= 100:

@@ -549,6 +549,32 @@ def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(l
     assert verify_database(lmdb_dir / "ILSVRC-train.lmdb", workers=3, progress=False).ok
 
 
+def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path):
+    """The metadata's copy of the labels (read by `info` and the shuffle-quality metrics)
+    is outside the records' checksum: a damaged one passed `seqloader verify`."""
+    import shutil
+
+    import numpy as np
+
+    from seqloader.format import pack_meta, unpack_meta
+    from seqloader.verify import verify_database
+
+    bad = tmp_path / "bad.lmdb"
+    shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
+    env = lmdb.open(str(bad), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        meta = unpack_meta(txn.get(META_KEY), where=str(bad))
+        labels = np.frombuffer(meta.labels, "<i4").copy()
+        labels[4] = (labels[4] + 1) % len(meta.classes)
+        meta.labels = labels.tobytes()
+        txn.put(META_KEY, pack_meta(meta))
+    env.close()
+    for workers in (3, 1):
+        res = verify_database(bad, workers=workers, progress=False)
+        assert not res.bad and len(res.problems) == 1, res.problems
+        assert "metadata's labels of 1 records (first: record 4) differ" in res.problems[0]
+
+
 def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch, capsys):
     """A full disk (or an unwritable folder) while writing: an error naming the file
     and what to do, not an LMDB traceback; re-running the same command resumes."""
@@ -661,3 +687,13 @@ def _reader_records(path):
         return [unpack_record(bytes(v)) for _, v in reader.read([(0, db.num_records)])]
     finally:
         reader.close()
+
+
+def test_bad_output_paths_and_shard_ids_are_named(synth_tree, tmp_path):
+    """An output path that is a file, and a shard id given twice (it was written and
+    reported twice), are errors naming them."""
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError, match=r"output folder .*/f is a file"):
+        preprocess(synth_tree.root, tmp_path / "f", options=_opts())
+    with pytest.raises(ValueError, match=r"shard ids \[1\] are listed more than once"):
+        _opts(shards=2, shard_ids=[1, 1])
