@@ -128,6 +128,8 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
             nc = data[i + 9]
             # component specs: id, (H << 4 | V) sampling, quantisation table
             hv = [data[j] for j in range(i + 11, min(i + 10 + 3 * nc, n), 3)]
+            if nc == 1:  # a single component's scan is not interleaved: its MCU is one
+                hv = [0x11]  # 8x8 block, whatever sampling factors the header gives it
             return JpegFrame(h, w, nc, marker, i, 8 * max((v & 0x0F for v in hv), default=1),
                              8 * max((v >> 4 for v in hv), default=1))
         if marker == 0xDA:  # start of scan before any SOF: malformed

@@ -102,6 +102,11 @@ def _hwc(img: Any) -> tuple[np.ndarray, bool]:
         return img.transpose(1, 2, 0), True
     if img.ndim not in (2, 3):
         raise ValueError(f"expected an HWC/HW image or CHW array, got shape {img.shape}")
+    if img.ndim == 3 and img.shape[2] not in (1, 3, 4):
+        raise ValueError(f"an integer image must be HWC with 1, 3 or 4 channels, but shape "
+                         f"{img.shape} has {img.shape[2]} last"
+                         + (" -- it looks like CHW (torchvision.io.read_image's layout): pass "
+                            "img.permute(1, 2, 0).numpy()" if img.shape[0] in (1, 3, 4) else ""))
     return img, False
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import shutil
+import subprocess
 
 import cv2
 import numpy as np
@@ -115,6 +117,34 @@ def test_antialiased_downscale_of_odd_sizes_is_not_stretched(hw, out):
     err = np.abs(ours - pil).mean(axis=(1, 2))
     assert err.mean() < (1.3 if hw[0] < 200 else 0.4)
     assert err[-len(err) // 4:].mean() < err.mean() + 0.3  # no error growing to the far edge
+
+
+@pytest.mark.parametrize("out", [(2000, 100), (100, 2000)])
+def test_box_resize_averages_the_shrinking_axis_when_the_other_grows(out):
+    """PIL's BOX averages the axis that shrinks whatever the other does; OpenCV's
+    INTER_AREA only when neither axis grows (else it interpolates: aliased noise)."""
+    Image = pytest.importorskip("PIL.Image")
+    img = np.random.default_rng(4).integers(0, 256, (1000, 1500, 3), np.uint8)
+    ours = Resize(out, interpolation="box")(img).astype(np.float64)
+    pil = np.asarray(Image.fromarray(img).resize(out[::-1], Image.BOX), np.float64)
+    assert ours.shape == pil.shape
+    # was 57 / 50 grey levels (aliased); what is left is the growing axis, which OpenCV
+    # interpolates where PIL's box samples (pure upscales differ the same way)
+    assert np.abs(ours - pil).mean() < 5 and abs(ours.std() - pil.std()) < 3.5
+
+
+def test_bad_inputs_and_outputs_are_named():
+    """A uint8 CHW array (torchvision.io.read_image's layout) is not taken as HWC (a crop
+    cut the wrong axes); a strided `out` is refused before OpenCV fails on it."""
+    chw = np.zeros((3, 300, 500), np.uint8)
+    with pytest.raises(ValueError, match=r"looks like CHW.*permute\(1, 2, 0\)"):
+        CenterCrop(224)(chw)
+    with pytest.raises(ValueError, match="1, 3 or 4 channels"):
+        Resize(64)(np.zeros((300, 500, 7), np.uint8))
+    fused = T.compile_fused(Compose([RandomResizedCrop(32), ToTensor()]))
+    strided = np.empty((3, 32, 64), np.float32)[:, :, ::2]
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        fused(jpeg(smooth_rgb(64, 64)), strided, np.random.default_rng(0))
 
 
 def _tv_center_crop(img: np.ndarray, ch: int, cw: int) -> np.ndarray:
@@ -454,6 +484,31 @@ def _variants(index: bool = False) -> dict[str, bytes]:
         indexed = {f"{n}+index": add_restart_index(d) for n, d in out.items()}
         out.update({n: d for n, d in indexed.items() if d != out[n[:-len("+index")]]})
     return out
+
+
+@pytest.mark.skipif(shutil.which("cjpeg") is None, reason="needs cjpeg (libjpeg-turbo-progs)")
+def test_grey_jpeg_with_sampling_factors_has_one_block_mcus():
+    """A one-component scan is not interleaved: its MCU is one 8x8 block even when the
+    header gives the component 2x2 sampling (cjpeg -grayscale -sample 2x2).  A 16 px MCU
+    made the restart grid wrong, so such files were always decoded whole."""
+    from seqloader import _fused
+    from seqloader.images import jpeg_frame, restart_layout
+
+    grey = smooth_rgb(301, 333, seed=3)[..., 1]
+    pgm = cv2.imencode(".pgm", grey)[1].tobytes()
+    data = subprocess.run(["cjpeg", "-grayscale", "-sample", "2x2", "-restart", "6B",
+                           "-quality", "90"], input=pgm, capture_output=True, check=True).stdout
+    frame = jpeg_frame(data)
+    assert data[frame.offset + 11] == 0x22  # the header's sampling factors: 2x2
+    assert (frame.mcu_height, frame.mcu_width) == (8, 8)
+    buf, local = np.frombuffer(data, np.uint8), _fused.threading.local()
+    full = _fused.decode_jpeg(buf, frame, 1, _fused.Region(0, 301, 0, 333), local)[0].copy()
+    reg, scan = _fused.restart_window(buf, frame, 1, _fused.Region(100, 250, 120, 200), 1)
+    assert scan is not None and restart_layout(frame, scan)[1] == 7  # 42 MCUs: 7 groups of 6
+    img, got = _fused.decode_jpeg(buf, frame, 1, reg, local, scan)
+    assert got == reg and reg.right - reg.left < 333
+    assert np.array_equal(img[:, :reg.right - reg.left - 1],
+                          full[reg.top:reg.bottom, reg.left:reg.right - 1])
 
 
 def test_jpeg_frame_reports_mcu_rows():
