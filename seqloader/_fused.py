@@ -463,7 +463,7 @@ def _prefilter(src: np.ndarray, out_h: int, out_w: int, ey: float | None = None,
 _default_rng: np.random.Generator = np.random.default_rng()
 
 
-def seed_default(seed: int | None) -> None:
+def seed_default(seed: int | np.random.SeedSequence | None) -> None:
     """Reseed this process's default generator (``None``: fresh OS entropy)."""
     global _default_rng
     _default_rng = np.random.default_rng(seed)

@@ -883,16 +883,20 @@ class _Sources:
     def __init__(self, args: argparse.Namespace, loaders: list[str]) -> None:
         from .database import open_database
 
-        self.split = args.split
         p = Path(args.path)
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist (expected a seqloader database or a "
                                     "class-folder tree)")
+        if args.split is None and not p.is_file():
+            args.split = "train"
         self.db = None
         self.db_path = p
         is_db = p.is_file() or (p.is_dir() and any(p.glob(f"ILSVRC-{args.split}*.lmdb")))
-        if is_db:
-            self.db = open_database(p, None if p.is_file() else args.split)
+        if is_db:  # a file of another split than --split is an error
+            self.db = open_database(p, args.split)
+            if args.split is None:  # a file, no --split: its own
+                args.split = self.db.metas[0].split
+        self.split = args.split
         files_dir = args.files if args.files else (None if is_db else p)
         if "seqloader" in loaders and self.db is None:
             raise ValueError(f"{p} is not a seqloader database (no ILSVRC-{args.split}.lmdb or "
@@ -1283,7 +1287,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH",
                    help="a database (.lmdb file, or the folder holding ILSVRC-<split>.lmdb) "
                         "or, for --loader files, a class-folder tree")
-    p.add_argument("--split", default="train", help="split name (%(default)s)")
+    p.add_argument("--split", help="split name (default: a database file's own; train for a "
+                                   "folder)")
     p.add_argument("--loader", choices=("seqloader", "files", "both"), default="seqloader",
                    help="what to measure (%(default)s)")
     p.add_argument("--files", metavar="DIR",

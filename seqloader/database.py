@@ -15,7 +15,7 @@ import os
 import lmdb
 import numpy as np
 
-from .format import (META_KEY, FormatError, Meta, Record, encode_key, find_database,
+from .format import (META_KEY, FormatError, Meta, Record, db_name, encode_key, find_database,
                      unpack_meta, unpack_record)
 
 __all__ = ["Database", "open_env", "close_env", "read_meta", "open_database"]
@@ -172,6 +172,9 @@ def open_database(path: str | Path, split: str | None = None, *,
         finally:
             close_env(env)
     first = metas[0]
+    if split is not None and first.split != split:  # e.g. the train file passed for 'val'
+        raise FormatError(f"{paths[0]} holds split {first.split!r}, not {split!r}: pass the "
+                          f"{split} database (or the folder holding {db_name(split)}.lmdb)")
     for p, m, i in zip(paths, metas, range(len(paths))):
         if (m.fingerprint, m.num_shards, m.classes, m.split) != \
                 (first.fingerprint, first.num_shards, first.classes, first.split):

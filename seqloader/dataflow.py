@@ -37,7 +37,7 @@ from .parallel import WorkerError
 from .plan import check_count, check_rank, chunk_order, make_chunks, rank_bounds, slice_ranges
 from .reader import RangeReader
 from .shuffle import shuffled
-from .threads import forking_single_threaded, limit_worker_threads
+from .threads import forking_single_threaded, prepare_worker
 
 __all__ = ["DataFlow", "LMDBData", "LocallyShuffleData", "MapData", "MapDataComponent",
            "BatchData", "MultiProcessMapData"]
@@ -136,9 +136,8 @@ class LocallyShuffleData(ProxyDataFlow):
 
     def __init__(self, df: DataFlow, buffer_size: int, *, seed: int = 0, warmup: int | None = None):
         super().__init__(df)
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
-        self.buffer_size, self.seed, self.warmup = buffer_size, seed, warmup
+        check_count("buffer_size", buffer_size, 1)
+        self.buffer_size, self.seed, self.warmup = int(buffer_size), seed, warmup
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
@@ -176,9 +175,15 @@ class MapDataComponent(MapData):
         self.component_fn, self.index = fn, index
 
 
-def _stack(items: list) -> Any:
+def _stack(items: list, component: int = 0) -> Any:
     first = items[0]
     if isinstance(first, np.ndarray):
+        shapes = {x.shape for x in items if isinstance(x, np.ndarray)}
+        if len(shapes) > 1:
+            raise ValueError(f"BatchData: component {component} of the datapoints has shapes "
+                             f"{sorted(shapes)[:4]}{' ...' if len(shapes) > 4 else ''}; arrays "
+                             "are stacked, so they need one shape -- end the map with a "
+                             "fixed-size crop (e.g. RandomResizedCrop(224))")
         return np.stack(items)
     if isinstance(first, (int, float, np.number, bool)):
         return np.asarray(items)
@@ -191,9 +196,8 @@ class BatchData(ProxyDataFlow):
 
     def __init__(self, df: DataFlow, batch_size: int, remainder: bool = False):
         super().__init__(df)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size, self.remainder = batch_size, remainder
+        check_count("batch_size", batch_size, 1)
+        self.batch_size, self.remainder = int(batch_size), remainder
 
     def __len__(self) -> int:
         n = len(self.df)
@@ -204,16 +208,14 @@ class BatchData(ProxyDataFlow):
         for dp in self.df:
             buf.append(dp)
             if len(buf) == self.batch_size:
-                yield [_stack(list(c)) for c in zip(*buf)]
+                yield [_stack(list(c), k) for k, c in enumerate(zip(*buf))]
                 buf = []
         if buf and self.remainder:
-            yield [_stack(list(c)) for c in zip(*buf)]
+            yield [_stack(list(c), k) for k, c in enumerate(zip(*buf))]
 
 
 def _init_map_worker() -> None:
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    limit_worker_threads()
+    prepare_worker()  # ignore Ctrl-C (the parent's), die with the parent, one thread
 
 
 class MultiProcessMapData(ProxyDataFlow):
@@ -224,16 +226,23 @@ class MultiProcessMapData(ProxyDataFlow):
     An exception in ``fn`` is raised here as :class:`WorkerError` naming the
     datapoint, chained to the worker's traceback; a killed worker raises at once
     (``BrokenProcessPool``), never hangs.  ``fn`` must be picklable for spawn.
-    Processes start in ``reset_state`` and stop in :meth:`close` (or at exit).
+    Processes start in ``reset_state`` and stop in :meth:`close` (or at exit), and die
+    with this process.  Before each call the worker seeds the generators random
+    transforms draw from -- seqloader's default one, ``random``, numpy's global one and
+    torch's CPU one (when torch is loaded in the worker: forked workers have it if this
+    process imported torch before ``reset_state()``) -- from ``(seed, epoch, datapoint
+    index)``: results do not depend on which worker took a datapoint, and forked
+    workers do not repeat each other's draws.
     """
 
     def __init__(self, df: DataFlow, num_proc: int, fn: Callable[[Any], Any], *,
-                 buffer_size: int = 64, start_method: str | None = None):
+                 buffer_size: int = 64, start_method: str | None = None, seed: int = 0):
         super().__init__(df)
-        if num_proc < 1:
-            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
-        self.num_proc, self.fn, self.buffer_size = num_proc, fn, buffer_size
-        self.start_method = start_method
+        check_count("num_proc", num_proc, 1)
+        check_count("buffer_size", buffer_size, 1)
+        self.num_proc, self.buffer_size = int(num_proc), int(buffer_size)
+        self.fn, self.seed, self.start_method = fn, seed, start_method
+        self._epoch = 0
         self._ex: ProcessPoolExecutor | None = None
 
     def reset_state(self) -> None:
@@ -251,6 +260,7 @@ class MultiProcessMapData(ProxyDataFlow):
         if self._ex is None:
             raise RuntimeError("call reset_state() before iterating")
         pending: collections.deque[tuple[int, Future]] = collections.deque()
+        epoch, self._epoch = self._epoch, self._epoch + 1
 
         def result(i: int, f: Future) -> Any:
             try:
@@ -265,7 +275,7 @@ class MultiProcessMapData(ProxyDataFlow):
         try:
             for i, dp in enumerate(self.df):
                 try:  # (a pool broken by a dead worker refuses new work here)
-                    fut = self._ex.submit(_call_reporting, self.fn, dp)
+                    fut = self._ex.submit(_call_reporting, self.fn, dp, (self.seed, epoch, i))
                 except Exception as e:
                     when = (f"while datapoints {pending[0][0]}..{i - 1} were in flight"
                             if pending else "earlier (the pool is broken)")
@@ -288,10 +298,22 @@ class MultiProcessMapData(ProxyDataFlow):
         super().close()
 
 
-def _call_reporting(fn: Callable[[Any], Any], dp: Any) -> Any:
-    """``fn(dp)`` in a worker; an exception comes back as a RuntimeError carrying its type,
-    message and traceback -- some exceptions cannot be pickled or rebuilt in the parent,
-    which the pool would report as a dead worker."""
+def _call_reporting(fn: Callable[[Any], Any], dp: Any, key: tuple[int, int, int]) -> Any:
+    """``fn(dp)`` in a worker, the generators seeded from ``key`` (seed, epoch, index); an
+    exception comes back as a RuntimeError carrying its type, message and traceback --
+    some exceptions cannot be pickled or rebuilt in the parent, which the pool would
+    report as a dead worker."""
+    import random
+    import sys
+
+    from ._fused import seed_default
+    ss = np.random.SeedSequence([*key, 3])
+    s = int(ss.generate_state(1)[0])
+    seed_default(ss)
+    random.seed(s)
+    np.random.seed(s)
+    if "torch" in sys.modules:
+        sys.modules["torch"].default_generator.manual_seed(s)
     try:
         return fn(dp)
     except Exception as e:

@@ -118,7 +118,7 @@ class Loader:
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
         p = Path(imagenet_dir)
-        self.db: Database = open_database(p, None if p.suffix == ".lmdb" else mode)
+        self.db: Database = open_database(p, mode)  # a file of another split is an error
         drank, dworld = _dist_rank_world()
         self.rank = drank if rank is None else rank
         self.world_size = dworld if world_size is None else world_size

@@ -217,6 +217,9 @@ def test_cpu_limit_both_paths(data):
     (["{db}", "--loader", "files"], "--files"),
     (["{db}", "--workers", "x"], "--workers"),
     (["{db}", "--mode", "bogus"], "bogus"),
+    # a file of another split, and a tree without the split (it was measured as classes)
+    (["{db}/ILSVRC-train.lmdb", "--split", "val"], "holds split 'train', not 'val'"),
+    (["{root}", "--loader", "files", "--split", "test"], "has no test/ folder (it has train)"),
 ])
 def test_bad_arguments_exit_2_naming_the_problem(data, tmp_path, capsys, argv, needle):
     root, db = data

@@ -1,6 +1,8 @@
 import os
+
 import numpy as np
 import pytest
+import torch  # noqa: F401 -- loaded before the map workers fork, as in a training script
 
 from conftest import read_records
 from seqloader import (BatchData, LMDBData, LocallyShuffleData, MapData, MapDataComponent,
@@ -154,3 +156,73 @@ def test_close_releases_descriptors_and_threads(lmdb_dir):
 def test_lmdbdata_arguments_are_checked(lmdb_dir, kw):
     with pytest.raises(ValueError, match="rank|chunk_size|world_size"):
         LMDBData(lmdb_dir, "train", **kw)
+
+
+def _draws(dp):
+    """A 'random augmentation' drawing from every global generator a transform may use."""
+    import random
+
+    import torch
+
+    import seqloader.transforms as T
+    return (float(T.get_default_rng().random()), random.random(), float(np.random.rand()),
+            float(torch.rand(())))
+
+
+def test_multiprocess_map_seeds_each_datapoint(lmdb_dir):
+    """Forked workers inherited one generator state and repeated each other's draws;
+    each call is seeded from (seed, epoch, index): different everywhere, the same for
+    any number of workers, new each epoch."""
+    def run(num_proc, seed=0, epochs=1):
+        df = MultiProcessMapData(LMDBData(lmdb_dir, "train"), num_proc, _draws, seed=seed)
+        df.reset_state()
+        out = [list(df) for _ in range(epochs)]
+        df.close()
+        return out
+    e0, e1 = run(2, epochs=2)
+    assert len(set(e0)) == len(e0) and all(len(set(d)) == 4 for d in e0)
+    assert e0 == run(1)[0] and not set(e0) & set(e1)
+    assert not set(run(2, seed=1)[0]) & set(e0)
+
+
+def test_batch_and_shuffle_sizes_must_be_integers_and_shapes_agree(lmdb_dir):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 2.5"):
+        BatchData(LMDBData(lmdb_dir, "train"), 2.5)
+    with pytest.raises(ValueError, match="buffer_size must be an integer >= 1, got 2.5"):
+        LocallyShuffleData(LMDBData(lmdb_dir, "train"), 2.5)
+    from seqloader.transforms import decode_rgb
+    df = BatchData(MapDataComponent(LMDBData(lmdb_dir, "train"), decode_rgb, 0), 4)
+    df.reset_state()
+    with pytest.raises(ValueError, match=r"component 0 of the datapoints has shapes .*fixed-size crop"):
+        list(df)
+
+
+def test_multiprocess_map_workers_die_with_the_parent(lmdb_dir, tmp_path):
+    """A killed parent left its map workers blocked forever (reparented to init)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    code = (f"import os, time\nfrom seqloader import LMDBData, MultiProcessMapData\n"
+            f"df = MultiProcessMapData(LMDBData({str(lmdb_dir)!r}, 'train'), 2, len)\n"
+            "df.reset_state()\n"
+            "print(*[p.pid for p in df._ex._processes.values()], flush=True)\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids = [int(x) for x in p.stdout.readline().split()]
+    assert len(pids) == 2
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split(")")[-1].split()[0] != "Z"

@@ -496,3 +496,16 @@ def test_a_superseded_iterator_raises_instead_of_looking_finished(lmdb_dir):
     next(it)
     loader.close()  # close() ends it too, as a finished epoch
     assert list(it) == []
+
+
+def test_a_database_file_of_another_split_is_refused(lmdb_dir):
+    """A direct path to a .lmdb file with a split that is not the file's own (e.g. the
+    train file passed for 'val') was silently used: validation on the training set."""
+    from seqloader.dataflow import LMDBData
+    from seqloader.format import FormatError
+    train = lmdb_dir / "ILSVRC-train.lmdb"
+    with pytest.raises(FormatError, match=r"holds split 'train', not 'val'"):
+        Loader(train, "val", None, batch_size=4, num_workers=0)
+    with pytest.raises(FormatError, match=r"holds split 'train', not 'val'"):
+        LMDBData(train, "val")
+    assert len(Loader(train, "train", None, batch_size=4, num_workers=0)) > 0
