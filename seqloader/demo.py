@@ -1,6 +1,7 @@
 """``seqloader demo``: the whole job end to end on a small synthetic dataset."""
 from __future__ import annotations
 
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -20,8 +21,16 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
     src, out = work / "imagenet", work / "lmdb"
     print(f"[1/4] synthetic ImageNet-like tree in {src}")
     if not (src / "train").is_dir():
-        make_synthetic_imagenet(src, classes=10, per_class=60, val_per_class=10, seed=0, bad=2,
+        # generated under another name and renamed when complete: an interrupted run
+        # leaves only that (its own) folder, which the next run discards and redoes
+        tmp = work / "imagenet.partial"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        make_synthetic_imagenet(tmp, classes=10, per_class=60, val_per_class=10, seed=0, bad=2,
                                 workers=2, progress=progress)
+        if src.is_dir() and not any(src.iterdir()):
+            src.rmdir()
+        tmp.rename(src)
     print(f"[2/4] preprocess -> {out}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the 2 bad files are reported below

@@ -261,3 +261,17 @@ def test_resume_errors_are_one_line(data, tmp_path):
     assert "no such checkpoint file" in p.stderr and "Traceback" not in p.stderr
     p = run(tmp_path / "no-data", *SMALL, cwd=data, expect=1)
     assert "does not exist" in p.stderr and "Traceback" not in p.stderr
+    junk = tmp_path / "junk.pth.tar"
+    junk.write_text("not a checkpoint")
+    p = run(data / "lmdb", *SMALL, "--resume", junk, cwd=data, expect=1)
+    assert "cannot load it as a checkpoint" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("arg, needle", [("-b 0", "--batch-size must be >= 1"),
+                                         ("-j -1", "--workers must be >= 0"),
+                                         ("-p 0", "--print-freq must be >= 1"),
+                                         ("--image-size 0", "--image-size must be >= 1")])
+def test_bad_numbers_are_usage_errors(data, arg, needle):
+    """They were tracebacks (-p 0: a ZeroDivisionError once training had started)."""
+    p = run(data / "lmdb", *SMALL, *arg.split(), cwd=data, expect=2)
+    assert needle in p.stderr and "Traceback" not in p.stderr

@@ -75,6 +75,10 @@ def parse_args(argv=None):
         p.error("give the LMDB folder (data), or --loader folder --folder-data DIR")
     if args.loader == "folder" and not args.folder_data:
         p.error("--loader folder needs --folder-data DIR")
+    for name, least in (("batch_size", 1), ("workers", 0), ("print_freq", 1), ("image_size", 1),
+                        ("epochs", 0), ("max_iters", 0), ("cache", 1), ("save_every", 0)):
+        if getattr(args, name) < least:
+            p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     return args
 
 
@@ -285,7 +289,14 @@ class Run:
     def resume(self, path):
         if not os.path.isfile(path):
             sys.exit(f"--resume {path}: no such checkpoint file")
-        ckpt = torch.load(path, map_location="cpu")
+        try:
+            ckpt = torch.load(path, map_location="cpu")
+            keys = ("state_dict", "optimizer", "scheduler", "epoch", "best_acc1")
+            if not isinstance(ckpt, dict) or any(k not in ckpt for k in keys):
+                raise ValueError(f"not a checkpoint of this script (it needs {', '.join(keys)})")
+        except Exception as e:  # noqa: BLE001 -- any unreadable file: one line, not a traceback
+            sys.exit(f"--resume {path}: cannot load it as a checkpoint ({type(e).__name__}: "
+                     f"{str(e)[:200]}); pass a checkpoint.pth.tar this script wrote")
         self.bare_model.load_state_dict(ckpt["state_dict"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
