@@ -26,7 +26,7 @@ __all__ = ["Database", "open_env", "close_env", "read_meta", "open_database"]
 # parent's "already open" record.  So readers share one environment per file and
 # process (reference-counted), and a fork hook closes inherited ones in the child,
 # which then opens its own.
-_ENVS: dict[str, list] = {}  # realpath -> [env, references]
+_ENVS: dict[tuple, list] = {}  # (realpath, device, inode) -> [env, references]
 
 
 def _forget_inherited_envs() -> None:
@@ -50,7 +50,13 @@ def open_env(path: str | Path, *, readahead: bool = True) -> lmdb.Environment:
     the process (see NOTE [ one environment per file and process ]) and must only be
     used in the process that opened it.
     """
-    key = os.path.realpath(path)
+    # keyed by the file itself, not its name: a database re-created under the same name
+    # (preprocess --overwrite) while an environment on the old file is open gets its own
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_dev, st.st_ino)
+    except OSError:  # lmdb.open below names the problem
+        key = (os.path.realpath(path), -1, -1)
     if key in _ENVS:
         _ENVS[key][1] += 1
         return _ENVS[key][0]

@@ -98,6 +98,7 @@ class LMDBData(DataFlow):
         self.prefetch_bytes, self.io = prefetch_bytes, io
         self.epoch = 0
         self._reader: RangeReader | None = None
+        self._pass: Iterator[list] | None = None  # the pass in progress
 
     def _bounds(self) -> tuple[int, int]:
         return rank_bounds(self.db.num_records, self.rank, self.world_size, even=self.even)
@@ -120,6 +121,12 @@ class LMDBData(DataFlow):
     def __iter__(self) -> Iterator[list]:
         if self._reader is None:
             raise RuntimeError("call reset_state() in the iterating process before iterating")
+        if self._pass is not None:  # one pass at a time: end an unfinished one (it held the
+            self._pass.close()      # reader's buffers; direct I/O then waited forever)
+        self._pass = self._records()
+        return self._pass
+
+    def _records(self) -> Iterator[list]:
         chunks = make_chunks(self.db.shard_sizes, self.chunk_size)
         order = chunk_order(len(chunks), seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
         self.epoch += 1

@@ -363,6 +363,15 @@ class RangeReader:
                 self._open_direct(shards)
         return self._shards
 
+    def _check_unchanged(self, shards: list[_Shard]) -> None:
+        """The open files are unchanged since their metadata was read: not rewritten in
+        place (``cp`` over one: reading a map past a shrunk file's end is SIGBUS, a crash;
+        records moved are wrong data).  A file renamed or replaced under its name
+        (``preprocess --overwrite``) is another file: this reader goes on reading the one
+        it opened, consistent with its metadata; a new Loader/reader reads the new one."""
+        for sh, ident in zip(shards, self.db.identities or ()):
+            check_identity(sh.path, sh.fd, ident)
+
     def _open_direct(self, shards: list[_Shard]) -> None:
         """Open every shard for direct I/O, or fall back to buffered reads for all."""
         why = next((f"{sh.path} has no record extents (an older file)" for sh in shards
@@ -412,8 +421,10 @@ class RangeReader:
     # read for itself.
 
     def read(self, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
-        """Yield every record of ``ranges`` in order (finite; one pass)."""
+        """Yield every record of ``ranges`` in order (finite; one pass).  FormatError if a
+        file changed since its metadata was read (checked at each pass)."""
         shards = self._open()
+        self._check_unchanged(shards)
         parts = self._split(ranges)
         if self.direct:
             yield from self._read_direct(shards, parts)
@@ -563,7 +574,10 @@ class RangeReader:
                 if sh.base is not None and sh.base <= addr < sh.base + sh.size:
                     if os.preadv(sh.fd_through, [out], addr - sh.base) == n:
                         return
-                    break
+                    # short: the file shrank under the map, whose pages past its end now
+                    # fault with SIGBUS -- name it instead of reading them
+                    raise FormatError(f"{sh.path} is shorter than when it was opened (cut or "
+                                      "rewritten while being read); run `seqloader verify` on it")
         out[:] = np.frombuffer(value, np.uint8)
 
     def get(self, index: int) -> memoryview:

@@ -280,3 +280,80 @@ def test_a_file_replaced_after_its_metadata_was_read_is_an_error(lmdb_dir, tmp_p
     r = RangeReader(open_database(path), io=io)  # opened again: fine
     assert [bytes(v) for _, v in r.read([(0, db.num_records)])] == want
     r.close()
+
+
+def test_a_file_cut_under_an_open_reader_is_named_and_a_replaced_one_kept(lmdb_dir, tmp_path):
+    """Checked at each pass: a database cut in place (cp of a smaller copy over it)
+    crashed the process with SIGBUS when its map was read past the new end -- a named
+    error now (in a child process: a regression would be a crash).  One replaced under
+    its name (preprocess --overwrite) is another file: an open loader goes on with the
+    one it opened, a new loader opens the new one (it had been handed the old one)."""
+    import shutil
+    import subprocess
+    import sys
+
+    db = tmp_path / "db"
+    db.mkdir()
+    shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", db / "ILSVRC-train.lmdb")
+    loader = Loader(db, "train", None, batch_size=4, num_workers=0)
+    first = [bytes(r) for b, _ in loader for r in b]
+    shutil.copy(lmdb_dir / "ILSVRC-val.lmdb", tmp_path / "other.lmdb")
+    os.replace(tmp_path / "other.lmdb", db / "ILSVRC-train.lmdb")  # a new file, named so
+    assert sorted(bytes(r) for b, _ in loader for r in b) == sorted(first)
+    with pytest.raises(FormatError, match="holds split 'val'"):  # the new file, not the old
+        Loader(db, "train", None, batch_size=4, num_workers=0)
+    shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", db / "ILSVRC-train.lmdb")
+    code = f"""
+import os
+from seqloader import Loader
+from seqloader.format import FormatError
+path = {str(db / "ILSVRC-train.lmdb")!r}
+loader = Loader(os.path.dirname(path), "train", None, batch_size=4, num_workers=0)
+list(loader)
+os.truncate(path, os.path.getsize(path) // 2)  # cut in place, same inode
+try:
+    list(loader)
+except FormatError as e:
+    print("named:", e)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert "named:" in p.stdout and "changed since its metadata was read" in p.stdout
+
+
+def test_open_env_does_not_hand_out_a_replaced_files_environment(lmdb_dir, tmp_path):
+    """Environments are shared per file: keyed by the name, a database re-created under
+    the same name while one was open got the old (deleted) file's environment."""
+    import shutil
+    path = tmp_path / "ILSVRC-train.lmdb"
+    shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", path)
+    old = open_env(path)
+    shutil.copy(lmdb_dir / "ILSVRC-val.lmdb", tmp_path / "new.lmdb")
+    os.replace(tmp_path / "new.lmdb", path)
+    new = open_env(path)
+    try:
+        assert new is not old
+        assert open_env(path) is new  # still shared per file
+        close_env(new)
+    finally:
+        close_env(new)
+        close_env(old)
+
+
+def test_lmdbdata_a_new_pass_ends_an_unfinished_one(lmdb_dir, tmp_path):
+    """One pass at a time: an unfinished pass (its iterator kept) held the reader's
+    buffers, and with direct I/O the next pass waited for them forever."""
+    import subprocess
+    import sys
+    code = f"""
+from seqloader import LMDBData
+df = LMDBData({str(lmdb_dir)!r}, "train", io="direct", chunk_size=3, prefetch_bytes=1 << 16)
+df.reset_state()
+it = iter(df)
+next(it)
+print(sum(1 for _ in df), len(df))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    a, b = p.stdout.split()
+    assert a == b
