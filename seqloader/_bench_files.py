@@ -32,7 +32,8 @@ def resolve_tree(path: str | Path, split: str | None) -> Path:
                          "(<dir>/<class>/<image>) -- pass it as PATH or with --files DIR")
     if split and (p / split).is_dir():
         return p / split
-    splits = [s for s in ("train", "val") if (p / s).is_dir()]
+    from .preprocess import DEFAULT_SPLITS
+    splits = [s for s in DEFAULT_SPLITS if (p / s).is_dir()]
     if split and splits:  # an ImageNet root without that split: not a class tree
         raise FileNotFoundError(f"{p} has no {split}/ folder (it has {', '.join(splits)}); "
                                 "pass --split with one of those")

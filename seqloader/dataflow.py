@@ -35,6 +35,7 @@ import numpy as np
 from .database import open_database
 from .parallel import WorkerError
 from .plan import check_count, check_rank, chunk_order, make_chunks, rank_bounds, slice_ranges
+from .producer import seed_global_rngs
 from .reader import RangeReader
 from .shuffle import shuffled
 from .threads import forking_single_threaded, prepare_worker
@@ -310,17 +311,10 @@ def _call_reporting(fn: Callable[[Any], Any], dp: Any, key: tuple[int, int, int]
     exception comes back as a RuntimeError carrying its type, message and traceback --
     some exceptions cannot be pickled or rebuilt in the parent, which the pool would
     report as a dead worker."""
-    import random
-    import sys
-
     from ._fused import seed_default
     ss = np.random.SeedSequence([*key, 3])
-    s = int(ss.generate_state(1)[0])
     seed_default(ss)
-    random.seed(s)
-    np.random.seed(s)
-    if "torch" in sys.modules:
-        sys.modules["torch"].default_generator.manual_seed(s)
+    seed_global_rngs(int(ss.generate_state(1)[0]))
     try:
         return fn(dp)
     except Exception as e:

@@ -20,7 +20,7 @@ import numpy as np
 from .database import Database
 
 __all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
-           "callers_rngs_kept", "record_error"]
+           "callers_rngs_kept", "record_error", "seed_global_rngs"]
 
 
 class RecordError(RuntimeError):
@@ -132,14 +132,18 @@ def slot_views(buf: Any, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.nda
 
 
 def _seed_global_rngs(rng: np.random.Generator) -> None:
-    """Seed the global generators third-party transforms use (torch's CPU generator,
-    random, numpy)."""
-    s = int(rng.integers(2**31))
+    """Seed the global generators third-party transforms use from ``rng``."""
+    seed_global_rngs(int(rng.integers(2**31)))
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed ``random``, numpy's global generator and torch's CPU one (when torch is
+    loaded) with ``seed`` -- the generators third-party transforms draw from."""
     import random
-    random.seed(s)
-    np.random.seed(s)
+    random.seed(seed)
+    np.random.seed(seed)
     if "torch" in sys.modules:
-        sys.modules["torch"].default_generator.manual_seed(s)
+        sys.modules["torch"].default_generator.manual_seed(seed)
 
 
 @contextlib.contextmanager

@@ -199,8 +199,13 @@ def _lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+def _lock_file(path: Path) -> Path:
+    """The lock file LMDB keeps beside a database file."""
+    return path.with_name(path.name + "-lock")
+
+
 def _remove_db(path: Path) -> None:
-    for p in (path, path.with_name(path.name + "-lock")):
+    for p in (path, _lock_file(path)):
         p.unlink(missing_ok=True)
 
 
@@ -436,7 +441,7 @@ class _ShardWriter:
         if self.opt.overwrite:  # only now, with the lock: never under a writer still at work
             _remove_db(self.final)
             os.truncate(self.partial, 0)  # (the lock is on this file: emptied, not removed)
-            Path(str(self.partial) + "-lock").unlink(missing_ok=True)
+            _lock_file(self.partial).unlink(missing_ok=True)
         self._fd = lockf.fileno()
         env = None
         try:
