@@ -280,7 +280,8 @@ def write_md(doc: dict, stem: str = "memory") -> None:
           "", "## The documented bound, from the Loader's settings", "",
           f"* shared-memory batch buffers: num_workers x prefetch x `spec.slot_nbytes` = "
           f"{b['num_workers']} x {b['prefetch']} x {b['slot_nbytes'] / 1e6:.1f} MB "
-          f"(output {b['slot_output_nbytes'] / 1e6:.1f} MB = 256 x 3x224x224 float32 + labels; "
+          f"(output {b['slot_output_nbytes'] / 1e6:.1f} MB = {s['batch_size']} x 3x224x224 "
+          "float32 + labels; "
           f"tail {b['slot_tail_nbytes'] / 1e6:.1f} MB; the encoded records ride over the last "
           f"samples, NOTE [ batch buffer layout ]) = **{b['shm_mb']:.0f} MB**",
           f"* shuffle buffer: cache x mean JPEG = {b['cache']} x {b['mean_image_bytes']} B = "

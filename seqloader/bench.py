@@ -26,7 +26,7 @@ Modes
     ``full``       the ImageNet training transform: RandomResizedCrop(224) +
                    RandomHorizontalFlip + ToTensor + Normalize(ImageNet mean/std).
     ``cpu-limit``  no loader: :func:`cpu_limit`, the ``full`` decode+transform code
-                   run by one process over a few hundred records held in memory;
+                   run by one process over 3,000 records held in memory;
                    ``images_per_s`` = per-process rate x min(workers, usable cores).
     ``all``        raw, decode and full.
 
@@ -71,7 +71,7 @@ JSON (``--json``; the only thing printed to stdout)::
         "database": null | {"path", "files", "num_records", "num_classes",
                             "size_mb", "image_mb", "fits_in_ram", "storage", "sample"},
         "files":    null | {"root", "num_images", "num_classes", "scan_s",
-                            "size_mb_estimate", "storage", "sample"}},
+                            "excluded_bad_files", "size_mb_estimate", "storage", "sample"}},
      "results": [{"loader", "mode", "workers", "batch_size", "images", "batches",
                   "seconds", "images_per_s", "mb_per_s", "bytes", "bytes_exact",
                   "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_uss_mb",
@@ -106,6 +106,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import platform
 import socket
@@ -413,8 +414,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
 
     if batches is not None and batches < 1:
         raise ValueError(f"batches must be >= 1 (or None), got {batches}")
-    if seconds is not None and seconds <= 0:
-        raise ValueError(f"seconds must be > 0 (or None), got {seconds}")
+    if seconds is not None and not 0 < seconds < math.inf:  # (NaN fails too)
+        raise ValueError(f"seconds must be finite and > 0 (or None), got {seconds}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     count = count or _default_count
@@ -865,7 +866,10 @@ class _Epochs:
 
     def __iter__(self):
         if len(self.loader) == 0:
-            raise ValueError("the database has too few records for one batch")
+            ld = self.loader
+            raise ValueError(f"{ld.db.num_records} record(s) in the database make no batch of "
+                             f"{ld.batch_size} (drop_last={ld.drop_last}, world size "
+                             f"{ld.world_size}): benchmark a split that has images")
         while True:
             self.epochs += 1
             yield from self.loader
@@ -904,6 +908,7 @@ class _Sources:
                              "benchmark the folder with --loader files")
         self.scan = None
         self.scan_s = None
+        self.files_excluded = 0
         if "files" in loaders:
             if files_dir is None:
                 raise ValueError(f"the files loader reads a class-folder tree, and {p} is a "
@@ -917,6 +922,8 @@ class _Sources:
             self.scan_s = time.perf_counter() - t
             if not len(self.scan):
                 raise ValueError(f"no images found under {root}")
+            if self.db is not None:  # read the images the database holds, no others
+                self.scan, self.files_excluded = _without_bad_files(self.scan, self.db)
         self.mean_db_bytes = (self.db.image_bytes / self.db.num_records
                               if self.db is not None and self.db.num_records else 0.0)
 
@@ -925,6 +932,21 @@ class _Sources:
 
     def data_paths(self, loader: str) -> list[str]:
         return [str(q) for q in self.db.paths] if loader == "seqloader" else self.image_paths()
+
+
+def _without_bad_files(scan: Any, db: Any) -> tuple[Any, int]:
+    """``scan`` without the source files preprocessing skipped as bad (the database's
+    ``bad_files``, paths relative to the split folder as in the scan), so that both
+    loaders read the same images and the files loader does not fail on one that
+    cannot be decoded; and how many were left out."""
+    import dataclasses
+
+    bad = {p for m in db.metas for p, _ in m.bad_files}
+    keep = [i for i, q in enumerate(scan.paths) if q not in bad]
+    if len(keep) == len(scan.paths):
+        return scan, 0
+    return (dataclasses.replace(scan, paths=[scan.paths[i] for i in keep],
+                                labels=scan.labels[keep]), len(scan.paths) - len(keep))
 
 
 def _conditions(args: argparse.Namespace, src: _Sources, loaders: list[str], modes: list[str],
@@ -950,6 +972,7 @@ def _conditions(args: argparse.Namespace, src: _Sources, loaders: list[str], mod
         sample = _files_sample(src.scan)
         files_info = {"root": str(src.scan.root), "num_images": len(src.scan),
                       "num_classes": len(src.scan.classes), "scan_s": round(src.scan_s, 3),
+                      "excluded_bad_files": src.files_excluded,
                       "size_mb_estimate": round((sample["mean_bytes"] or 0) * len(src.scan) / MB, 3),
                       "storage": _storage(src.scan.root), "sample": sample}
     main_info = db_info or files_info
@@ -1051,9 +1074,18 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         evict(paths)
         row["evicted"] = True
     row["resident_before"] = _residency_of(paths, loader)
-    res = measure(make, batches=args.batches, seconds=args.seconds, warmup=args.warmup,
-                  count=count, progress=progress, desc=f"{loader} {mode} w={workers}",
-                  disk=_storage(paths[0])["device"] if paths else None)
+    try:
+        res = measure(make, batches=args.batches, seconds=args.seconds, warmup=args.warmup,
+                      count=count, progress=progress, desc=f"{loader} {mode} w={workers}",
+                      disk=_storage(paths[0])["device"] if paths else None)
+    except Exception as e:
+        if loader != "files":
+            raise
+        # a DataLoader worker's error arrives as "Caught ... Original Traceback ...": its
+        # last line is the error itself
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        raise RuntimeError(f"the files loader ({mode}, {workers} workers) failed: "
+                           f"{lines[-1]}") from e
     _wait_children_gone(res)
     row.update(res)
     if workers > 0 and res["peak_processes"] == 1:
@@ -1214,6 +1246,9 @@ def format_report(doc: dict[str, Any]) -> str:
         lines.append(f"  files: {f['root']}: {f['num_images']} images, {f['num_classes']} "
                      f"classes, ~{f['size_mb_estimate']:.1f} MB (scan {f['scan_s']:.2f} s); "
                      f"{_storage_str(f['storage'])}")
+        if f.get("excluded_bad_files"):
+            lines.append(f"    ({f['excluded_bad_files']} file(s) left out: the ones "
+                         "preprocessing skipped as bad, listed in the database)")
     for name, info in (("database", d), ("files", f)):
         if info:
             s = info["sample"]
@@ -1346,8 +1381,9 @@ def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.batches is not None and args.batches < 1:
         raise ValueError(f"--batches must be >= 1, got {args.batches}")
-    if args.seconds is not None and args.seconds <= 0:
-        raise ValueError(f"--seconds must be > 0, got {args.seconds}")
+    if args.seconds is not None and not 0 < args.seconds < math.inf:  # (NaN fails too)
+        raise ValueError(f"--seconds must be a finite number > 0, got {args.seconds} "
+                         "(for a fixed amount of work give --batches N instead)")
     if args.cache < 1:
         raise ValueError(f"--cache must be >= 1, got {args.cache}")
     if args.batches is None and args.seconds is None:
@@ -1370,13 +1406,20 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     _BYSTANDERS.clear()
     _BYSTANDERS.update(process_tree()[1:])
     results: list[dict[str, Any]] = []
-    for loader in loaders:
-        for mode in modes:
-            if mode == "cpu-limit":
-                results.extend(_cpu_limit_rows(args, src, loader, workers))
-                continue
-            for w in workers:
-                results.append(_run_one(args, src, loader, mode, w, progress))
+    try:
+        for loader in loaders:
+            for mode in modes:
+                if mode == "cpu-limit":
+                    results.extend(_cpu_limit_rows(args, src, loader, workers))
+                    continue
+                for w in workers:
+                    results.append(_run_one(args, src, loader, mode, w, progress))
+    except Exception:
+        if results:  # what was measured before the failure is not lost
+            print("seqloader bench: a run failed; the runs before it measured:\n"
+                  + format_report({"conditions": conditions, "results": results,
+                                   "quality": None}), file=sys.stderr)
+        raise
     quality = _quality(args, src, loaders, workers) if args.quality else None
     return {"conditions": conditions, "results": results, "quality": quality}
 

@@ -220,6 +220,9 @@ def test_cpu_limit_both_paths(data):
     # a file of another split, and a tree without the split (it was measured as classes)
     (["{db}/ILSVRC-train.lmdb", "--split", "val"], "holds split 'train', not 'val'"),
     (["{root}", "--loader", "files", "--split", "test"], "has no test/ folder (it has train)"),
+    # NaN passed `<= 0` and then never reached the time limit: a run that never ended
+    (["{db}", "--seconds", "nan"], "--seconds must be a finite number > 0, got nan"),
+    (["{db}", "--seconds", "inf"], "--seconds must be a finite number > 0, got inf"),
 ])
 def test_bad_arguments_exit_2_naming_the_problem(data, tmp_path, capsys, argv, needle):
     root, db = data
@@ -227,6 +230,54 @@ def test_bad_arguments_exit_2_naming_the_problem(data, tmp_path, capsys, argv, n
     assert bench.main(argv + ["--no-progress", "--batches", "1"]) == 2
     err = capsys.readouterr().err
     assert "seqloader bench: error:" in err and needle in err
+
+
+def test_files_loader_skips_what_preprocessing_skipped(data, tmp_path, capsys):
+    """A tree with undecodable files: with the database given, the files loader reads the
+    images the database holds (the bad files it lists are left out, and the report says
+    so); without it, the failure names the file and the fix, and the runs measured
+    before it are still printed."""
+    import shutil
+
+    from seqloader import WriteOptions, preprocess
+
+    root, _ = data
+    tree = tmp_path / "imagenet"
+    shutil.copytree(root, tree)
+    cls = sorted(p for p in (tree / "train").iterdir())[1]
+    (cls / "zz_empty.JPEG").write_bytes(b"")
+    good = next(cls.glob("*.JPEG")).read_bytes()
+    (cls / "zz_cut.JPEG").write_bytes(good[: len(good) // 2])
+    db = tmp_path / "lmdb"
+    with pytest.warns(UserWarning, match="2 file.s. could not be decoded"):
+        preprocess(tree, db, options=WriteOptions(progress=False, workers=1))
+    doc = _run_json(capsys, [str(db), "--files", str(tree), "--loader", "both", "--mode", "full",
+                             "--workers", "0", "--batch-size", "8", "--batches", "8",
+                             "--warmup", "0"])
+    files = doc["conditions"]["files"]
+    assert files["excluded_bad_files"] == 2
+    assert files["num_images"] == doc["conditions"]["database"]["num_records"] == 64
+    assert [r["images"] for r in doc["results"]] == [64, 64]  # 8 batches of 8, both loaders
+
+    code = bench.main([str(tree), "--loader", "files", "--mode", "raw,full", "--workers", "0",
+                       "--batch-size", "8", "--batches", "10", "--warmup", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "the files loader (full, 0 workers) failed" in err and "zz_" in err
+    assert "remove or replace the file" in err and "Traceback" not in err
+    assert "the runs before it measured" in err and "files      raw" in err
+
+
+def test_empty_database_says_why_nothing_is_measured(tmp_path, capsys):
+    from seqloader import WriteOptions, preprocess
+
+    (tmp_path / "tree" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "tree" / "train" / "a" / "x.JPEG").write_bytes(b"")
+    with pytest.warns(UserWarning, match="could not be decoded"):
+        preprocess(tmp_path / "tree", tmp_path / "db", options=WriteOptions(progress=False))
+    assert bench.main([str(tmp_path / "db"), "--mode", "raw", "--workers", "0",
+                       "--batches", "1", "--no-progress"]) == 2
+    assert "0 record(s) in the database make no batch of 256" in capsys.readouterr().err
 
 
 def test_run_bench_raises_for_bad_path(tmp_path):
