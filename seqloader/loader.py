@@ -109,7 +109,7 @@ class Loader:
             check_count(name, value, least)
         if warmup is not None:
             check_count("warmup", warmup, 0)
-        if not isinstance(timeout, numbers.Real) or timeout < 0:
+        if not isinstance(timeout, numbers.Real) or not timeout >= 0:  # (NaN fails too)
             raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
         if start_method is not None and start_method not in mp.get_all_start_methods():
             raise ValueError(f"start_method={start_method!r}: use one of "

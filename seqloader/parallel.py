@@ -316,7 +316,7 @@ class WorkerPool:
             raise ValueError(f"num_workers must be >= 1 for a WorkerPool, got {num_workers}")
         if prefetch < 1:
             raise ValueError(f"prefetch (batches per worker in flight) must be >= 1, got {prefetch}")
-        if timeout < 0:
+        if not timeout >= 0:  # (NaN, which would silently mean no limit, fails too)
             raise ValueError(f"timeout must be >= 0 seconds (0 = no limit), got {timeout}")
         self.spec, self.num_workers, self.prefetch = spec, num_workers, prefetch
         self.ctx = mp.get_context(start_method)

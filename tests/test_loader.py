@@ -469,6 +469,7 @@ def test_close_does_not_wait_for_a_read_ahead(lmdb_dir, monkeypatch):
 @pytest.mark.parametrize("bad", [
     dict(batch_size=0), dict(batch_size=2.5), dict(batch_size=True), dict(num_workers=-1),
     dict(num_workers=1.5), dict(cache=0), dict(seed=-1), dict(prefetch=0), dict(timeout=-1),
+    dict(timeout=float("nan")),  # (a NaN deadline is never passed: no limit, silently)
     dict(prefetch_bytes=0), dict(warmup=-5), dict(start_method="bogus"), dict(output="f16"),
     dict(io="bogus"),
 ])
