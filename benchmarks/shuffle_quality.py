@@ -69,7 +69,7 @@ import numpy as np
 from seqloader.feeder import shuffle_rng
 from seqloader.plan import PlanSpec, plan_epoch
 from seqloader.quality import distinct_ratio, epoch_correlation
-from seqloader.shuffle import shuffle_order
+from seqloader.shuffle import default_warmup, shuffle_order
 
 IMAGENET_RECORDS = 1_281_167
 IMAGENET_RECORD_BYTES = 110_000
@@ -94,7 +94,8 @@ def fast_epoch_order(spec: PlanSpec, epoch: int, *, cache: int,
     firsts = np.asarray([a for a, _ in plan.ranges] or [0], np.int64)
     n = int(starts[-1])
     if spec.shuffle:
-        warmup = min(cache, spec.batch_size) if warmup is None else warmup
+        if warmup is None:
+            warmup = default_warmup(cache, spec.batch_size, spec.num_records)
         pos = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup,
                             eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
     else:

@@ -24,6 +24,7 @@ from .parallel import WorkerPool
 from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
                    plan_epoch)
 from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
+from .shuffle import default_warmup
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -154,8 +155,11 @@ class Loader:
     # -------------------------------------------------------------- set-up
     @property
     def _warmup(self) -> int:
-        """Records the shuffle buffer holds before it yields (default: one batch)."""
-        return self.warmup if self.warmup is not None else min(self.cache, self.batch_size)
+        """Records the shuffle buffer holds before it yields (default: one batch, or the
+        whole split when it fits in the buffer: :func:`~seqloader.shuffle.default_warmup`)."""
+        if self.warmup is not None:
+            return self.warmup
+        return default_warmup(self.cache, self.batch_size, self.db.num_records)
 
     def _producer_spec(self) -> ProducerSpec:
         if self._spec is not None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .feeder import PositionMap, shuffle_rng
 from .plan import PlanSpec, plan_epoch
-from .shuffle import shuffle_order
+from .shuffle import default_warmup, shuffle_order
 
 __all__ = ["epoch_order", "expected_distinct", "distinct_ratio", "epoch_correlation",
            "ShuffleQuality", "shuffle_quality"]
@@ -32,7 +32,8 @@ def epoch_order(spec: PlanSpec, epoch: int, *, cache: int, warmup: int | None = 
     index_of = PositionMap(plan.ranges)
     n = len(index_of)
     if spec.shuffle:
-        warmup = min(cache, spec.batch_size) if warmup is None else warmup
+        if warmup is None:
+            warmup = default_warmup(cache, spec.batch_size, spec.num_records)
         order = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup,
                               eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
     else:

@@ -7,7 +7,9 @@ outputs (the Loader: one batch) are released one per input, so the first batch
 needs only ``warmup + B - 1`` records read; after that, while the buffer is below
 capacity, it takes two inputs per output, so it fills up while batches are
 already flowing (the first batch never waits for a 50,000-record buffer).  At the
-end of the stream the rest is drained in random order.
+end of the stream the rest is drained in random order.  So a warm-up of the whole
+stream (a split that fits in the buffer: :func:`default_warmup`) gives a uniform
+permutation; a short one emits early inputs early, epoch after epoch.
 
 The algorithm only moves positions around, so the whole output order of a worker's
 stream is a pure function of (stream length, capacity, warmup, rng): the worker
@@ -21,7 +23,7 @@ from typing import Generic, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-__all__ = ["ShuffleBuffer", "shuffled", "shuffle_order"]
+__all__ = ["ShuffleBuffer", "shuffled", "shuffle_order", "default_warmup"]
 
 T = TypeVar("T")
 _BLOCK = 4096
@@ -87,3 +89,13 @@ def shuffle_order(n: int, capacity: int, rng: np.random.Generator, *,
                   warmup: int | None = None, eager: int = 0) -> np.ndarray:
     """The output order of ``shuffled(range(n), ...)`` as an array (for analysis)."""
     return np.fromiter(shuffled(range(n), capacity, rng, warmup=warmup, eager=eager), np.int64, n)
+
+
+def default_warmup(cache: int, batch_size: int, num_records: int) -> int:
+    """The Loader's default ``warmup``: one batch (the first batch then needs only
+    ``warmup + B - 1`` records read) -- unless the whole split fits in the buffer
+    (``num_records <= cache``): then the whole buffer, so every epoch is a uniform
+    permutation.  With a one-batch warm-up a split that fits emits its early records
+    early every epoch (480 records in one chunk: consecutive epochs' orders correlated
+    0.44 instead of ~0); the cost is reading that small split before its first batch."""
+    return cache if num_records <= cache else min(cache, batch_size)
