@@ -75,6 +75,29 @@ class ProxyDataFlow(DataFlow):
         self.df.reset_state()
 
 
+class _Pass:
+    """One pass of :class:`LMDBData`.  Ended by the next pass: its ``next()`` then raises
+    RuntimeError (as the Loader's superseded iterators do) rather than stopping, which
+    would pass for a short epoch."""
+
+    def __init__(self, gen: Iterator[list]) -> None:
+        self._gen, self._ended = gen, False
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self) -> list:
+        if self._ended:
+            raise RuntimeError("this LMDBData pass was ended by a new iter() of the same "
+                               "stage (stages are not reentrant): finish or drop a pass before "
+                               "starting the next, or use one LMDBData per concurrent pass")
+        return next(self._gen)
+
+    def end(self) -> None:
+        self._ended = True
+        self._gen.close()
+
+
 class LMDBData(DataFlow):
     """Sequential reader of a seqloader database (one file or a shard set).
 
@@ -123,8 +146,8 @@ class LMDBData(DataFlow):
         if self._reader is None:
             raise RuntimeError("call reset_state() in the iterating process before iterating")
         if self._pass is not None:  # one pass at a time: end an unfinished one (it held the
-            self._pass.close()      # reader's buffers; direct I/O then waited forever)
-        self._pass = self._records()
+            self._pass.end()        # reader's buffers; direct I/O then waited forever)
+        self._pass = _Pass(self._records())
         return self._pass
 
     def _records(self) -> Iterator[list]:

@@ -66,6 +66,19 @@ def test_composed_pipeline_with_exact_lengths(lmdb_dir):
     assert len(list(no_rem)) == len(no_rem) == n // 8
 
 
+def test_a_pass_ended_by_a_new_one_raises_instead_of_looking_finished(lmdb_dir):
+    """Stages are not reentrant; a consumer that starts a second pass of a pipeline
+    while holding the first gets an error from the first, not a silently short epoch."""
+    df = BatchData(LocallyShuffleData(LMDBData(lmdb_dir, "train"), 10, seed=3), 4)
+    df.reset_state()
+    old = iter(df)
+    next(old)
+    assert len(list(df)) == len(df)  # the new pass is whole
+    with pytest.raises(RuntimeError, match="ended by a new iter"):
+        next(old)
+    df.close()
+
+
 def test_multiprocess_map_keeps_order_and_reports_errors(lmdb_dir):
     base = LMDBData(lmdb_dir, "train")
     df = MultiProcessMapData(base, 2, _label_plus_one)

@@ -352,8 +352,14 @@ df.reset_state()
 it = iter(df)
 next(it)
 print(sum(1 for _ in df), len(df))
+try:
+    next(it)
+except RuntimeError as e:  # not a silent StopIteration: that would pass for a short epoch
+    print("ended:", e)
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
-    a, b = p.stdout.split()
+    counts, ended = p.stdout.split("\n", 1)
+    a, b = counts.split()
     assert a == b
+    assert ended.startswith("ended: this LMDBData pass was ended by a new iter()")
