@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import numbers
+import os
 import warnings
 import weakref
 from pathlib import Path
@@ -32,9 +33,23 @@ _STATE_VERSION = 1
 
 
 def _dist_rank_world() -> tuple[int, int]:
+    """``torch.distributed``'s rank and world size; (0, 1) when it is not initialised.
+    A launcher's ``WORLD_SIZE`` > 1 without an initialised process group is an error:
+    every rank would read the whole split (each record trained on world-size times)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    env = os.environ.get("WORLD_SIZE", "")
+    if env.strip().isdigit() and int(env) > 1:
+        raise ValueError(f"WORLD_SIZE={env} is set (torchrun or another launcher) but "
+                         "torch.distributed is not initialised, so this Loader would read the "
+                         "whole split on every rank: call torch.distributed.init_process_group() "
+                         "before creating the Loader, or pass rank= and world_size= explicitly "
+                         "(world_size=1 to read everything in each process on purpose)")
     return 0, 1
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 class _Iteration:
@@ -120,7 +135,8 @@ class Loader:
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
         p = Path(imagenet_dir)
         self.db: Database = open_database(p, mode)  # a file of another split is an error
-        drank, dworld = _dist_rank_world()
+        if rank is None or world_size is None:
+            drank, dworld = _dist_rank_world()
         self.rank = drank if rank is None else rank
         self.world_size = dworld if world_size is None else world_size
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
@@ -204,7 +220,11 @@ class Loader:
         position loaded for that same epoch is kept."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self._next_epoch:
+        if epoch != self._next_epoch and self._resume:
+            warnings.warn(f"set_epoch({epoch}) discards the position loaded for epoch "
+                          f"{self._next_epoch} (batch {self._resume}): epoch {epoch} starts "
+                          "from its first batch; call set_epoch with the checkpoint's epoch "
+                          "to resume it", stacklevel=2)
             self._resume = 0
         self._next_epoch, self._cur_epoch = epoch, None
 
@@ -233,7 +253,7 @@ class Loader:
         epoch, first = self._next_epoch, self._resume
         self._cur_epoch, self._position, self._cur_done = epoch, first, False
         self._next_epoch, self._resume = epoch + 1, 0
-        it = _Iteration(self._iterate(epoch, first), len(self))
+        it = _Iteration(self._iterate(epoch, first), len(self) - first)  # (resumed: the rest)
         self._active = weakref.ref(it)
         return it
 
@@ -350,11 +370,34 @@ class Loader:
         # order too (checked where the checkpoint has them: older ones do not)
         diff.update({k: (state[k], mine[k]) for k in ("warmup", "shard_sizes", "fingerprint")
                      if k in state and state[k] != mine[k]})
+        adopt_warmup = None
+        if self.warmup is None and "warmup" in diff and isinstance(state["warmup"], int):
+            # a default warm-up adopts the checkpoint's (the default changed in 0.2.0 for
+            # splits that fit in the buffer; an explicit one must match)
+            adopt_warmup = diff.pop("warmup")[0]
         if state.get("version") != _STATE_VERSION or diff:
+            why = ""
+            if set(diff) == {"fingerprint"}:
+                why = (" -- the database is not the one the checkpoint was written with "
+                       "(another preprocessing run, options or source tree); resume with "
+                       "that database, or start a new epoch without load_state_dict")
             raise ValueError(f"cannot resume: the checkpoint's loader settings differ from this "
-                             f"loader's (checkpoint, now): {diff}; construct the Loader with the "
-                             "checkpoint's settings to continue the same sequence")
-        self._next_epoch, self._resume, self._cur_epoch = state["epoch"], state["position"], None
+                             f"loader's (checkpoint, now): {diff}{why}; construct the Loader "
+                             "with the checkpoint's settings to continue the same sequence")
+        epoch, position = state["epoch"], state["position"]
+        if not (_is_int(epoch) and epoch >= 0):
+            raise ValueError(f"cannot resume: the checkpoint's epoch is {epoch!r}, not an "
+                             "integer >= 0")
+        if not (_is_int(position) and 0 <= position <= len(self)):
+            raise ValueError(f"cannot resume: the checkpoint's position is {position!r}, not "
+                             f"a batch index in 0..{len(self)} (this loader's batches per "
+                             "epoch); is the state from this loader?")
+        if adopt_warmup is not None:
+            self._end_active()
+            self._stop_workers()  # (they and the feeder were made with the old warm-up)
+            self.warmup = adopt_warmup
+            self._spec = None
+        self._next_epoch, self._resume, self._cur_epoch = int(epoch), int(position), None
 
     # -------------------------------------------------------------- shutdown
     def _stop_workers(self) -> None:

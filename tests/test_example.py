@@ -204,6 +204,30 @@ def test_ddp_two_processes_stop_and_resume(data):
     assert batches(log) == ref and "done: epochs=2" in q.stdout
 
 
+@pytest.mark.slow
+def test_ddp_validation_with_uneven_batches_across_ranks(tmp_path):
+    """A 1-record val split: rank 0 has no validation batch, rank 1 one.  Validation used
+    the DDP wrapper, whose forward is a collective (a buffer broadcast): the rank without
+    a batch went on to all_reduce and both waited forever.  Same for --evaluate."""
+    from seqloader import WriteOptions, preprocess
+    from seqloader.synth import make_synthetic_imagenet
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_synthetic_imagenet(tmp_path / "tree", classes=1, per_class=8, val_per_class=1,
+                                seed=0, size="small", progress=False)
+        preprocess(tmp_path / "tree", tmp_path / "lmdb", options=WriteOptions(progress=False))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                "2", str(MAIN)]
+    args = [tmp_path / "lmdb", *SMALL, "-b", 4, "--workers", 1, "--epochs", 1,
+            "--checkpoint-dir", tmp_path / "ck"]
+    p = run(*args, cwd=tmp_path, launcher=torchrun)
+    assert accuracy_lines(p.stdout)[0].endswith("(1 images)") and "done: epochs=1" in p.stdout
+    q = run(*args, "--evaluate", "--resume", tmp_path / "ck" / "checkpoint.pth.tar",
+            cwd=tmp_path, launcher=torchrun)
+    assert accuracy_lines(q.stdout)[0].endswith("(1 images)")
+
+
 @pytest.fixture(scope="module")
 def long_val(tmp_path_factory):
     """Few training images, many validation ones: validation takes seconds."""

@@ -164,6 +164,58 @@ def test_resume_mid_epoch_continues_exactly(lmdb_dir, nw):
     resumed.load_state_dict(old)  # checkpoints from before these keys still load
 
 
+def test_resume_edges(lmdb_dir):
+    """A resumed iterator's len is what it yields; loaded positions are range-checked;
+    set_epoch to another epoch warns that it drops the position; a checkpoint of the
+    old default warm-up (one batch, before splits that fit in the buffer were read
+    whole) resumes its own sequence; a database mismatch says so in words."""
+    kw = dict(batch_size=3, shuffle=True, num_workers=0, seed=5, chunk_size=4)
+    n = open_database(lmdb_dir, "train").num_records
+    run = Loader(lmdb_dir, "train", None, cache=n, **kw)
+    it = iter(run)
+    for _ in range(2):
+        next(it)
+    state = run.state_dict()
+    resumed = Loader(lmdb_dir, "train", None, cache=n, **kw)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    assert len(it) == len(resumed) - 2 == sum(1 for _ in it)
+    for bad in (-1, len(run) + 1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"position is {bad!r}, not a batch index"):
+            resumed.load_state_dict({**state, "position": bad})
+    resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"set_epoch\(3\) discards the position loaded for "
+                                         r"epoch 0 \(batch 2\)"):
+        resumed.set_epoch(3)
+    with pytest.raises(ValueError, match="not the one the checkpoint was written with"):
+        resumed.load_state_dict({**state, "fingerprint": "another database"})
+    # the checkpoint of a loader with the old default warm-up (one batch)
+    want = _ids(Loader(lmdb_dir, "train", None, cache=n, warmup=3, **kw))  # epoch 0
+    old = Loader(lmdb_dir, "train", None, cache=n, warmup=3, **kw)
+    it = iter(old)
+    next(it)
+    state = old.state_dict()
+    fresh = Loader(lmdb_dir, "train", None, cache=n, **kw)  # default warm-up: n now
+    fresh.load_state_dict(state)
+    assert _ids(fresh) == want[1:]  # the rest of epoch 0, in the old warm-up's order
+    assert fresh.state_dict()["warmup"] == 3  # and it stays the checkpoint's
+    with pytest.raises(ValueError, match="warmup"):  # an explicit one must match
+        Loader(lmdb_dir, "train", None, cache=n, warmup=5, **kw).load_state_dict(state)
+
+
+def test_a_launcher_without_a_process_group_is_an_error(lmdb_dir, monkeypatch):
+    """torchrun sets WORLD_SIZE; a Loader made before init_process_group read the whole
+    split on every rank, silently."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=2 is set .*init_process_group\(\) "
+                                         r"before creating the Loader"):
+        Loader(lmdb_dir, "train", None, num_workers=0)
+    ld = Loader(lmdb_dir, "train", None, num_workers=0, rank=1, world_size=2)  # explicit: fine
+    assert (ld.rank, ld.world_size) == (1, 2)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert Loader(lmdb_dir, "train", None, num_workers=0).world_size == 1
+
+
 def test_direct_path_and_shards(synth_tree, tmp_path):
     import warnings
     from seqloader import WriteOptions, preprocess

@@ -434,7 +434,16 @@ class Run:
     def validate(self):
         """Top-1/top-5 over the validation split (each rank reads its part)."""
         args, device = self.args, self.device
-        self.model.eval()
+        # the bare model, not the DDP wrapper: DDP's forward is a collective (it broadcasts
+        # buffers), and ranks have different numbers of validation batches (one fewer on
+        # some, none on a rank of a tiny split) or stop early on a signal -- a rank that
+        # ran no forward left the others waiting in it forever.  Instead every rank takes
+        # rank 0's buffers (BatchNorm statistics) once, as that broadcast would.
+        model = self.bare_model
+        model.eval()
+        if self.distributed:
+            for buf in model.buffers():
+                dist.broadcast(buf, 0)
         total = min(len(self.val_loader), args.max_iters) if args.max_iters else len(self.val_loader)
         sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1, top-5, count
         with torch.no_grad(), tqdm(total=total, desc="val", disable=not self.main) as bar:
@@ -445,7 +454,7 @@ class Run:
                     break
                 images = images.to(device, non_blocking=True)
                 target = target.to(device, non_blocking=True)
-                output = self.model(images)
+                output = model(images)
                 c1, c5 = topk_correct(output, target, [1, min(5, output.shape[1])])
                 n = target.numel()
                 sums += torch.tensor([self.criterion(output, target).item() * n, c1, c5, n],
