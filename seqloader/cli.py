@@ -226,7 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = "; re-run the same command to resume" if args.command == "preprocess" else ""
+        hint = ""
+        if args.command == "preprocess":  # (--overwrite would discard what was written)
+            hint = ("; re-run it without --overwrite to resume" if getattr(args, "overwrite", False)
+                    else "; re-run the same command to resume")
         print(f"seqloader {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 

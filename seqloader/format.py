@@ -42,7 +42,7 @@ __all__ = [
     "Meta", "Record", "encode_key", "decode_key", "is_record_key", "pack_record",
     "unpack_record", "pack_meta", "unpack_meta", "record_digest", "chain_checksum", "EMPTY_CHECKSUM",
     "CHECKSUM_ALGORITHM",
-    "shard_path", "shard_files", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
+    "shard_path", "shard_files", "is_shard_name", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
 ]
 
 FORMAT_NAME = "seqloader"
@@ -296,6 +296,13 @@ def _stem(out: Path) -> str:
 
 
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.lmdb$")
+
+
+def is_shard_name(name: str, out: str | Path) -> bool:
+    """Whether the file name ``name`` is one of output ``out``'s (``X.lmdb``) shard files
+    (``X-NNNNN-of-NNNNN.lmdb``, any shard count)."""
+    m = _SHARD_RE.match(name)
+    return m is not None and m["stem"] == _stem(Path(out))
 
 
 def find_database(path: str | Path, split: str | None = None) -> list[Path]:

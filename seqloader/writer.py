@@ -44,9 +44,11 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +60,7 @@ from . import __version__
 from .database import Database, close_env, open_env, read_meta
 from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY,
                      FormatError, Meta, Record, chain_checksum, encode_key, pack_meta,
-                     pack_record, record_digest, shard_files, shard_path)
+                     is_shard_name, pack_record, record_digest, shard_files, shard_path)
 from .pages import PAGE as _PAGE, address, map_base, unmap
 from .images import JPEGTRAN_HELP, prepare_image
 from .pool import ordered_map, ordered_process_map
@@ -172,6 +174,32 @@ def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -
     return h.hexdigest()
 
 
+def _what_differs(meta: Meta, scan: Scan, opt: WriteOptions) -> str:
+    """In words, how the command that wrote ``meta`` differs from this one, as far as the
+    metadata records it; else that the source images differ."""
+    w = meta.writer or {}
+
+    def say(v: Any) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    then_now = [("--seed", meta.seed if meta.shuffled else None, opt.seed if opt.shuffle else None),
+                ("--no-shuffle", not meta.shuffled, not opt.shuffle),
+                ("--no-verify", w.get("verify") is False, not opt.verify),
+                ("--max-size", w.get("max_size"), opt.max_size),
+                ("--restart-markers", bool(w.get("restart_markers")), opt.restart_markers),
+                ("--shards", meta.num_shards, opt.shards)]
+    if opt.max_size or w.get("max_size") or w.get("quality", opt.quality) != opt.quality:
+        then_now.append(("--quality", w.get("quality"), opt.quality))
+    diffs = [f"{flag} {say(a)} then, {say(b)} now" for flag, a, b in then_now if a != b]
+    if diffs:
+        return "it was written with other options: " + "; ".join(diffs)
+    if meta.classes != [stored_name(c) for c in scan.classes]:
+        return (f"the class folders differ ({len(meta.classes)} then, {len(scan.classes)} "
+                "now, or renamed)")
+    return ("the source images differ: files were added, removed or renamed since (or "
+            "--no-paths differs)")
+
+
 def stored_name(name: str) -> str:
     """A file or folder name as records and metadata store it (msgpack strings are UTF-8):
     itself, or -- for a name that is not valid UTF-8 (e.g. Latin-1 ``caf\\xe9.JPEG``, which
@@ -202,6 +230,30 @@ def _lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
 def _lock_file(path: Path) -> Path:
     """The lock file LMDB keeps beside a database file."""
     return path.with_name(path.name + "-lock")
+
+
+def _partials(out: Path) -> list[Path]:
+    """The unfinished writes of output ``out`` (``X.lmdb``) in any layout that exist:
+    ``X.lmdb.partial`` and ``X-NNNNN-of-NNNNN.lmdb.partial``."""
+    single = out.with_name(out.name + ".partial")
+    shards = [p for p in out.parent.glob("*.lmdb.partial")
+              if is_shard_name(p.name[:-len(".partial")], out)]
+    return ([single] if single.exists() else []) + sorted(shards)
+
+
+def _remove_partial(partial: Path) -> None:
+    """Remove an unfinished write (and LMDB's lock file), unless a writer holds it."""
+    try:
+        f = open(partial, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another process is writing {partial}; wait for it or stop it "
+                               "before re-running") from None
+        _remove_db(partial)
 
 
 def _remove_db(path: Path) -> None:
@@ -265,9 +317,9 @@ class _ShardWriter:
             meta = None
         if meta is not None and meta.fingerprint != self.fingerprint:
             raise FileExistsError(
-                f"{self.partial} is an unfinished write of a different command (other "
-                "sources, order or options). Re-run that command to finish it, or pass "
-                "--overwrite to discard it and start again")
+                f"{self.partial} is an unfinished write of a different command: "
+                f"{_what_differs(meta, self.scan, self.opt)}. Re-run that command to finish "
+                "it, or pass --overwrite to discard it and start again")
         if meta is not None and meta.bad_files and self.opt.strict:
             path, why = meta.bad_files[0]
             raise FileExistsError(
@@ -402,6 +454,10 @@ class _ShardWriter:
             close_env(env)
         if meta.fingerprint != self.fingerprint or not meta.num_records:
             return []
+        if self.opt.progress:  # (it can take minutes, before the progress bar shows)
+            print(f"{self.partial.name}: resuming after {meta.num_records:,} records; reading "
+                  f"them once ({meta.image_bytes / 2**30:.2f} GiB) to index them",
+                  file=sys.stderr, flush=True)
         reader = RangeReader(Database((self.partial,), (meta,)))
         try:
             return [reader.extents([(0, meta.num_records)])]
@@ -412,6 +468,11 @@ class _ShardWriter:
         """Write (or finish writing) this shard from source positions [start, stop)."""
         try:
             return self._run(start, stop)
+        except BrokenProcessPool as e:
+            raise RuntimeError(f"{self.partial}: a decode worker process died (killed by the "
+                               "out-of-memory killer or a signal? see `dmesg`); what was "
+                               "committed is kept: re-run the same command to resume (with "
+                               "fewer --workers if memory is short)") from e
         except (lmdb.Error, OSError) as e:
             if isinstance(e, (FileExistsError, FileNotFoundError, IsADirectoryError)):
                 raise  # (our own messages, or a path error that names the path)
@@ -435,7 +496,8 @@ class _ShardWriter:
         if now is None or not os.path.samestat(now, held):
             lockf.close()  # finished (renamed) by the run we waited for: is it this one's?
             if self.final.exists() and not self.opt.overwrite:
-                return _existing(self.final, self.fingerprint, self.opt.strict)
+                return _existing(self.final, self.fingerprint, self.opt.strict, self.scan,
+                                 self.opt)
             raise RuntimeError(f"{self.partial} was moved by another process while this one "
                                "waited for it; re-run the command")
         if self.opt.overwrite:  # only now, with the lock: never under a writer still at work
@@ -468,10 +530,12 @@ class _ShardWriter:
             self._fd = None
             raise
         env.close()
-        lockf.close()
-        self._fd = None
-        os.replace(self.partial, self.final)
-        Path(str(self.partial) + "-lock").unlink(missing_ok=True)
+        try:  # renamed under the lock: a run waiting for it then sees it gone (see above)
+            os.replace(self.partial, self.final)
+        finally:
+            lockf.close()
+            self._fd = None
+        _lock_file(self.partial).unlink(missing_ok=True)
         dirfd = os.open(self.final.parent, os.O_RDONLY)
         try:
             os.fsync(dirfd)
@@ -569,13 +633,24 @@ def write_split(scan: Scan, out: str | Path, split: str,
     for p in others:
         _remove_db(p)
         _report_path(p).unlink(missing_ok=True)
+    # an unfinished write in another layout: up to the whole split's size of disk
+    mine = {p.with_name(p.name + ".partial") for p in ours}
+    stale = sorted(p for p in _partials(out) if p not in mine)
+    if stale and not opt.overwrite:
+        raise FileExistsError(f"{stale[0]} is an unfinished write of split {split!r} in "
+                              f"another layout (this command writes {opt.shards} file(s)); "
+                              "re-run the command that started it to finish it, or pass "
+                              "--overwrite to remove it")
+    for p in stale:
+        _remove_partial(p)
     report = WriteReport(split)
     written: list[Path] = []
     for k in (opt.shard_ids if opt.shard_ids is not None else range(opt.shards)):
         final = shard_path(out, k, opt.shards)
         partial = final.with_name(final.name + ".partial")
         if final.exists() and not opt.overwrite:  # (with overwrite, removed under the lock)
-            report.shards.append(_existing(final, fingerprint, opt.strict))
+            report.shards.append(_existing(final, fingerprint, opt.strict, scan, opt))
+            _lock_file(partial).unlink(missing_ok=True)  # (a kill between rename and unlink)
             continue
         writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt)
         try:
@@ -594,7 +669,8 @@ def write_split(scan: Scan, out: str | Path, split: str,
     return report
 
 
-def _existing(final: Path, fingerprint: str, strict: bool = False) -> ShardResult:
+def _existing(final: Path, fingerprint: str, strict: bool = False, scan: Scan | None = None,
+              opt: WriteOptions | None = None) -> ShardResult:
     """The result of ``final``, already complete, if this command wrote it: not with
     ``strict`` if it skipped bad files."""
     env = open_env(final)
@@ -605,9 +681,11 @@ def _existing(final: Path, fingerprint: str, strict: bool = False) -> ShardResul
     finally:
         close_env(env)
     if meta is None or not meta.complete or meta.fingerprint != fingerprint:
+        why = ("different sources, order or options" if meta is None or scan is None
+               or opt is None else _what_differs(meta, scan, opt))
         raise FileExistsError(f"{final} already exists and was not written by this command "
-                              "(different sources, order or options); pass --overwrite to "
-                              "replace it, or choose another output folder")
+                              f"({why}); pass --overwrite to replace it, or choose another "
+                              "output folder")
     if strict and meta.bad_files:
         raise FileExistsError(f"{final} was written without --strict and skipped "
                               f"{len(meta.bad_files)} bad file(s), listed in "

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -371,14 +372,87 @@ def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
     scan = scan_class_tree(synth_tree.root / "train")
     _quiet(write_split, scan, out, "train", _opts(seed=1))
     out.rename(out.with_name(out.name + ".partial"))  # stands in for an unfinished seed-1 run
-    with pytest.raises(FileExistsError, match="different command"):
+    # the refusal says what differs, so the user can re-run the right command
+    with pytest.raises(FileExistsError, match="different command: it was written with other "
+                                              "options: --seed 1 then, 2 now"):
         _quiet(write_split, scan, out, "train", _opts(seed=2))
     # the re-encode quality shapes the CMYK / PNG-as-JPEG records even without max_size
-    with pytest.raises(FileExistsError, match="different command"):
+    with pytest.raises(FileExistsError, match="different command: .*--quality 95 then, 40 now"):
         _quiet(write_split, scan, out, "train", _opts(seed=1, quality=40))
+    with pytest.raises(FileExistsError, match="--restart-markers off then, on now"):
+        _quiet(write_split, scan, out, "train", _opts(seed=1, restart_markers=True))
+    fewer = dataclasses.replace(scan, paths=scan.paths[1:], labels=scan.labels[1:])
+    with pytest.raises(FileExistsError, match="the source images differ: files were added, "
+                                              "removed or renamed"):
+        _quiet(write_split, fewer, out, "train", _opts(seed=1))
     _quiet(write_split, scan, out, "train", _opts(seed=1))  # the same command finishes it
-    with pytest.raises(FileExistsError, match="not written by this command"):
+    with pytest.raises(FileExistsError, match=r"not written by this command \(it was written "
+                                              r"with other options: --quality 95 then, 40 now\)"):
         _quiet(write_split, scan, out, "train", _opts(seed=1, quality=40))
+
+
+def test_an_unfinished_write_in_another_layout_is_refused_and_removed_when_told(synth_tree,
+                                                                                  tmp_path):
+    """An interrupted one-file write, then a run with --shards 2: the .partial (up to the
+    split's size) was ignored and stayed on disk for good."""
+    scan = scan_class_tree(synth_tree.root / "val")
+    out = tmp_path / "ILSVRC-val.lmdb"
+    _quiet(write_split, scan, out, "val", _opts())
+    partial = out.with_name(out.name + ".partial")
+    out.rename(partial)  # stands in for an interrupted one-file write
+    with pytest.raises(FileExistsError, match=r"ILSVRC-val\.lmdb\.partial is an unfinished "
+                                              r"write of split 'val' in another layout"):
+        _quiet(write_split, scan, out, "val", _opts(shards=2))
+    _quiet(write_split, scan, out, "val", _opts(shards=2, overwrite=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ILSVRC-val-00000-of-00002.lmdb", "ILSVRC-val-00001-of-00002.lmdb"]
+    # and the other way round: an unfinished shard, then one file
+    shard = shard_path(out, 1, 2)
+    shard.rename(shard.with_name(shard.name + ".partial"))
+    with pytest.raises(FileExistsError, match="another layout"):
+        _quiet(write_split, scan, out, "val", _opts(overwrite=False))
+    _quiet(write_split, scan, out, "val", _opts(overwrite=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ILSVRC-val.lmdb"]
+
+
+def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tree, tmp_path,
+                                                                         capsys, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    from seqloader import writer
+
+    scan = scan_class_tree(synth_tree.root / "val")
+    out = tmp_path / "ILSVRC-val.lmdb"
+    _quiet(write_split, scan, out, "val", _opts())
+    n = open_database(out).num_records
+    out.rename(out.with_name(out.name + ".partial"))  # as if interrupted at its very end
+    capsys.readouterr()
+    _quiet(write_split, scan, out, "val", _opts(progress=True))
+    assert f"ILSVRC-val.lmdb.partial: resuming after {n:,} records; reading them once" in \
+        capsys.readouterr().err
+
+    def broken(self, start, stop):
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(writer._ShardWriter, "_run", broken)
+    with pytest.raises(RuntimeError, match=r"a decode worker process died \(killed by the "
+                                           r"out-of-memory killer .*re-run the same command"):
+        _quiet(write_split, scan, tmp_path / "other" / "ILSVRC-val.lmdb", "val", _opts())
+
+
+def test_interrupt_hint_does_not_say_resume_with_overwrite(synth_tree, tmp_path, capsys,
+                                                          monkeypatch):
+    pre = sys.modules["seqloader.preprocess"]  # (the module; the package exports the function)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pre, "write_split", interrupted)
+    for extra, hint in (([], "re-run the same command to resume"),
+                        (["--overwrite"], "re-run it without --overwrite to resume")):
+        assert cli(["preprocess", str(synth_tree.root), str(tmp_path), "--no-progress",
+                    *extra]) == 130
+        assert f"interrupted; {hint}" in capsys.readouterr().err
 
 
 def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
