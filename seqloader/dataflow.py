@@ -34,6 +34,7 @@ import numpy as np
 
 from .database import open_database
 from .parallel import WorkerError
+from .passes import Pass
 from .plan import check_count, check_rank, chunk_order, make_chunks, rank_bounds, slice_ranges
 from .producer import seed_global_rngs
 from .reader import RangeReader
@@ -75,27 +76,9 @@ class ProxyDataFlow(DataFlow):
         self.df.reset_state()
 
 
-class _Pass:
-    """One pass of :class:`LMDBData`.  Ended by the next pass: its ``next()`` then raises
-    RuntimeError (as the Loader's superseded iterators do) rather than stopping, which
-    would pass for a short epoch."""
-
-    def __init__(self, gen: Iterator[list]) -> None:
-        self._gen, self._ended = gen, False
-
-    def __iter__(self) -> "_Pass":
-        return self
-
-    def __next__(self) -> list:
-        if self._ended:
-            raise RuntimeError("this LMDBData pass was ended by a new iter() of the same "
-                               "stage (stages are not reentrant): finish or drop a pass before "
-                               "starting the next, or use one LMDBData per concurrent pass")
-        return next(self._gen)
-
-    def end(self) -> None:
-        self._ended = True
-        self._gen.close()
+_SUPERSEDED = ("this LMDBData pass was ended by a new iter() of the same stage (stages are "
+               "not reentrant): finish or drop a pass before starting the next, or use one "
+               "LMDBData per concurrent pass")
 
 
 class LMDBData(DataFlow):
@@ -122,7 +105,7 @@ class LMDBData(DataFlow):
         self.prefetch_bytes, self.io = prefetch_bytes, io
         self.epoch = 0
         self._reader: RangeReader | None = None
-        self._pass: Iterator[list] | None = None  # the pass in progress
+        self._pass: Pass | None = None  # the pass in progress
 
     def _bounds(self) -> tuple[int, int]:
         return rank_bounds(self.db.num_records, self.rank, self.world_size, even=self.even)
@@ -147,7 +130,7 @@ class LMDBData(DataFlow):
             raise RuntimeError("call reset_state() in the iterating process before iterating")
         if self._pass is not None:  # one pass at a time: end an unfinished one (it held the
             self._pass.end()        # reader's buffers; direct I/O then waited forever)
-        self._pass = _Pass(self._records())
+        self._pass = Pass(self._records(), _SUPERSEDED)
         return self._pass
 
     def _records(self) -> Iterator[list]:

@@ -25,11 +25,14 @@ from .parallel import WorkerPool
 from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
                    plan_epoch)
 from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
+from .passes import Pass
 from .shuffle import default_warmup
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
 _STATE_VERSION = 1
+_SUPERSEDED = ("this iteration over the Loader was ended by a newer iter(loader): one iteration "
+               "at a time (the workers serve one epoch); keep a single iterator")
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -50,34 +53,6 @@ def _dist_rank_world() -> tuple[int, int]:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-class _Iteration:
-    """One epoch's iterator.  A newer ``iter(loader)`` ends it: then ``next()`` raises
-    instead of stopping, so ``zip(loader, loader)`` or a stale iterator is an error,
-    not an epoch that silently looks finished."""
-
-    __slots__ = ("_gen", "_len", "superseded", "__weakref__")
-
-    def __init__(self, gen: Iterator, length: int) -> None:
-        self._gen, self._len, self.superseded = gen, length, False
-
-    def __iter__(self) -> "_Iteration":
-        return self
-
-    def __len__(self) -> int:
-        """The epoch's batches (as DataLoader's iterators report ``len``)."""
-        return self._len
-
-    def __next__(self) -> Any:
-        if self.superseded:
-            raise RuntimeError("this iteration over the Loader was ended by a newer "
-                               "iter(loader): one iteration at a time (the workers serve one "
-                               "epoch); keep a single iterator")
-        return next(self._gen)
-
-    def close(self) -> None:
-        self._gen.close()
 
 
 class Loader:
@@ -245,15 +220,14 @@ class Loader:
     def _end_active(self, superseded: bool = False) -> None:
         it = self._active() if self._active is not None else None
         if it is not None:
-            it.superseded = superseded
-            it.close()
+            it.end(superseded)
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
         self._end_active(superseded=True)
         epoch, first = self._next_epoch, self._resume
         self._cur_epoch, self._position, self._cur_done = epoch, first, False
         self._next_epoch, self._resume = epoch + 1, 0
-        it = _Iteration(self._iterate(epoch, first), len(self) - first)  # (resumed: the rest)
+        it = Pass(self._iterate(epoch, first), _SUPERSEDED, len(self) - first)  # (resumed: the rest)
         self._active = weakref.ref(it)
         return it
 
