@@ -74,7 +74,8 @@ class FilesDataset(torch.utils.data.Dataset):
         try:
             img = decode_rgb(data)
         except ValueError as e:
-            raise ValueError(f"{path}: {e}; remove or replace the file (preprocessing skips "
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # (any file name)
+            raise ValueError(f"{shown}: {e}; remove or replace the file (preprocessing skips "
                              "such files: benchmark with the database as PATH and this tree "
                              "as --files, and the files it skipped are left out)") from None
         return np.ascontiguousarray(self.transform(img)), label, len(data)

@@ -941,8 +941,10 @@ def _without_bad_files(scan: Any, db: Any) -> tuple[Any, int]:
     cannot be decoded; and how many were left out."""
     import dataclasses
 
-    bad = {p for m in db.metas for p, _ in m.bad_files}
-    keep = [i for i, q in enumerate(scan.paths) if q not in bad]
+    from .writer import stored_name
+
+    bad = {p for m in db.metas for p, _ in m.bad_files}  # (as stored: non-UTF-8 bytes escaped)
+    keep = [i for i, q in enumerate(scan.paths) if stored_name(q) not in bad]
     if len(keep) == len(scan.paths):
         return scan, 0
     return (dataclasses.replace(scan, paths=[scan.paths[i] for i in keep],
@@ -1041,7 +1043,7 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         def make():
             ld = Loader(src.db_path, args.split, transform, batch_size=B, shuffle=True,
                         num_workers=workers, cache=args.cache, seed=args.seed,
-                        start_method=args.start_method, io=args.io)
+                        start_method=args.start_method, io=args.io, rank=0, world_size=1)
             holder["it"] = _Epochs(ld)
             return holder["it"]
 
@@ -1184,7 +1186,7 @@ def _quality(args: argparse.Namespace, src: _Sources, loaders: list[str],
         rows = []
         for w in workers:
             ld = Loader(src.db_path, args.split, None, batch_size=args.batch_size, shuffle=True,
-                        num_workers=w, cache=args.cache, seed=args.seed)
+                        num_workers=w, cache=args.cache, seed=args.seed, rank=0, world_size=1)
             try:
                 q = shuffle_quality(src.db.labels(), ld.plan_spec, cache=_reader_cache(ld))
                 rows.append({"workers": w, "distinct_ratio": round(q.distinct_ratio, 4),

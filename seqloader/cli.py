@@ -228,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         hint = ""
         if args.command == "preprocess":  # (--overwrite would discard what was written)
-            hint = ("; re-run it without --overwrite to resume" if getattr(args, "overwrite", False)
+            hint = ("; re-run the same command to start again, or without --overwrite to "
+                    "resume (that refuses outputs of another command: replace those with "
+                    "--overwrite first)" if getattr(args, "overwrite", False)
                     else "; re-run the same command to resume")
         print(f"seqloader {args.command}: interrupted{hint}", file=sys.stderr)
         return 130

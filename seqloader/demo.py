@@ -52,7 +52,8 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
 
     tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
-    loader = Loader(out, "train", tf, batch_size=64, shuffle=True, num_workers=2)
+    loader = Loader(out, "train", tf, batch_size=64, shuffle=True, num_workers=2,
+                    world_size=1)  # (one process, also under a launcher's WORLD_SIZE)
     for epoch in range(2):
         t0, n = time.perf_counter(), 0
         for images, labels in loader:

@@ -27,6 +27,7 @@ Shard files of one split are named ``<stem>-SSSSS-of-NNNNN.lmdb``; see
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import re
 import struct
@@ -288,7 +289,8 @@ def shard_files(out: str | Path) -> list[Path]:
     """The shard files of the output ``out`` (``X.lmdb``) that exist: every
     ``X-NNNNN-of-NNNNN.lmdb`` beside it (any shard count), sorted."""
     out = Path(out)
-    return sorted(out.parent.glob(f"{_stem(out)}-?????-of-?????.lmdb"))
+    return sorted(q for q in out.parent.glob(f"{glob.escape(_stem(out))}-?????-of-?????.lmdb")
+                  if is_shard_name(q.name, out))  # (a split name may hold [, *, ?)
 
 
 def _stem(out: Path) -> str:
@@ -321,7 +323,7 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
             return [single]
         if not shards:
             found = sorted(x.name for x in p.glob("*.lmdb"))
-            unfinished = sorted(x.name for x in p.glob(f"{stem}*.lmdb.partial"))
+            unfinished = sorted(x.name for x in p.glob(f"{glob.escape(stem)}*.lmdb.partial"))
             if unfinished:
                 raise FileNotFoundError(
                     f"split {split!r} in {p} is still being written or was interrupted: "
@@ -340,7 +342,7 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
                                 "`python preprocess_sequential.py <imagenet dir> <lmdb dir>`")
     m = _SHARD_RE.match(p.name)
     if m:
-        return _check_shard_set(sorted(p.parent.glob(f"{m['stem']}-?????-of-{m['n']}.lmdb")))
+        return _check_shard_set(sorted(p.parent.glob(f"{glob.escape(m['stem'])}-?????-of-{m['n']}.lmdb")))
     return [p]
 
 

@@ -31,8 +31,9 @@ from .shuffle import default_warmup
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
 _STATE_VERSION = 1
-_SUPERSEDED = ("this iteration over the Loader was ended by a newer iter(loader): one iteration "
-               "at a time (the workers serve one epoch); keep a single iterator")
+_SUPERSEDED = ("this iteration over the Loader was ended by a newer iter(loader) (or by a "
+               "load_state_dict that changed the shuffle warm-up): one iteration at a time "
+               "(the workers serve one epoch); keep a single iterator")
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -110,6 +111,8 @@ class Loader:
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
         p = Path(imagenet_dir)
         self.db: Database = open_database(p, mode)  # a file of another split is an error
+        if world_size == 1 and rank is None:
+            rank = 0  # (one process reads everything: nothing to ask torch.distributed)
         if rank is None or world_size is None:
             drank, dworld = _dist_rank_world()
         self.rank = drank if rank is None else rank
@@ -130,6 +133,7 @@ class Loader:
         self.warmup, self.prefetch_bytes = warmup, prefetch_bytes
         self.io = io
         self._spec: ProducerSpec | None = None
+        self._adopted_warmup: int | None = None  # a checkpoint's default warm-up
         self._device_normalize = None
         self._pool: WorkerPool | None = None
         self._feeder: Feeder | None = None
@@ -150,7 +154,10 @@ class Loader:
         whole split when it fits in the buffer: :func:`~seqloader.shuffle.default_warmup`)."""
         if self.warmup is not None:
             return self.warmup
-        return default_warmup(self.cache, self.batch_size, self.db.num_records)
+        if self._adopted_warmup is not None:  # a checkpoint's (see load_state_dict)
+            return self._adopted_warmup
+        return default_warmup(self.cache, self.batch_size,
+                              -(-self.db.num_records // self.world_size))
 
     def _producer_spec(self) -> ProducerSpec:
         if self._spec is not None:
@@ -344,11 +351,17 @@ class Loader:
         # order too (checked where the checkpoint has them: older ones do not)
         diff.update({k: (state[k], mine[k]) for k in ("warmup", "shard_sizes", "fingerprint")
                      if k in state and state[k] != mine[k]})
+        # a default warm-up adopts the checkpoint's: the default changed in 0.2.0 for
+        # splits that fit in the buffer (an explicit warm-up must match).  Checkpoints from
+        # before the key existed all used the old default, one batch.
         adopt_warmup = None
-        if self.warmup is None and "warmup" in diff and isinstance(state["warmup"], int):
-            # a default warm-up adopts the checkpoint's (the default changed in 0.2.0 for
-            # splits that fit in the buffer; an explicit one must match)
-            adopt_warmup = diff.pop("warmup")[0]
+        if self.warmup is None:
+            then = state.get("warmup", min(self.cache, self.batch_size))
+            diff.pop("warmup", None)
+            if not _is_int(then):
+                diff["warmup"] = (then, mine["warmup"])
+            elif then != mine["warmup"]:
+                adopt_warmup = int(then)
         if state.get("version") != _STATE_VERSION or diff:
             why = ""
             if set(diff) == {"fingerprint"}:
@@ -367,9 +380,9 @@ class Loader:
                              f"a batch index in 0..{len(self)} (this loader's batches per "
                              "epoch); is the state from this loader?")
         if adopt_warmup is not None:
-            self._end_active()
-            self._stop_workers()  # (they and the feeder were made with the old warm-up)
-            self.warmup = adopt_warmup
+            self._end_active(superseded=True)  # (its next() raises: not a short epoch)
+            self._stop_workers()  # (they and the feeder were made with the other warm-up)
+            self._adopted_warmup = adopt_warmup
             self._spec = None
         self._next_epoch, self._resume, self._cur_epoch = int(epoch), int(position), None
 

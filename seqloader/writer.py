@@ -196,8 +196,9 @@ def _what_differs(meta: Meta, scan: Scan, opt: WriteOptions) -> str:
     if meta.classes != [stored_name(c) for c in scan.classes]:
         return (f"the class folders differ ({len(meta.classes)} then, {len(scan.classes)} "
                 "now, or renamed)")
-    return ("the source images differ: files were added, removed or renamed since (or "
-            "--no-paths differs)")
+    return ("the source images or their labels differ: files were added, removed or "
+            "renamed, or labels changed (e.g. another --val-labels file) -- or --no-paths "
+            "differs")
 
 
 def stored_name(name: str) -> str:

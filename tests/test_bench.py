@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import warnings
 
 import numpy as np
@@ -248,14 +249,15 @@ def test_files_loader_skips_what_preprocessing_skipped(data, tmp_path, capsys):
     (cls / "zz_empty.JPEG").write_bytes(b"")
     good = next(cls.glob("*.JPEG")).read_bytes()
     (cls / "zz_cut.JPEG").write_bytes(good[: len(good) // 2])
+    (cls / os.fsdecode(b"zz_bad\xe9.JPEG")).write_bytes(b"not a JPEG")  # a non-UTF-8 name
     db = tmp_path / "lmdb"
-    with pytest.warns(UserWarning, match="2 file.s. could not be decoded"):
+    with pytest.warns(UserWarning, match="3 file.s. could not be decoded"):
         preprocess(tree, db, options=WriteOptions(progress=False, workers=1))
     doc = _run_json(capsys, [str(db), "--files", str(tree), "--loader", "both", "--mode", "full",
                              "--workers", "0", "--batch-size", "8", "--batches", "8",
                              "--warmup", "0"])
     files = doc["conditions"]["files"]
-    assert files["excluded_bad_files"] == 2
+    assert files["excluded_bad_files"] == 3
     assert files["num_images"] == doc["conditions"]["database"]["num_records"] == 64
     assert [r["images"] for r in doc["results"]] == [64, 64]  # 8 batches of 8, both loaders
 

@@ -179,3 +179,20 @@ def test_a_truncated_copy_is_named_not_a_crash(lmdb_dir, tmp_path, keep):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r
     assert "FormatError" in r.stderr and "truncated" in r.stderr and "copy it again" in r.stderr
+
+
+def test_shard_files_of_a_split_name_with_glob_characters(tmp_path):
+    """A split named ``tr[a]in`` globbed as ``train``: --overwrite of it deleted train's
+    shards."""
+    from pathlib import Path
+
+    from seqloader.format import is_shard_name, shard_files, shard_path
+
+    for k in range(2):
+        shard_path(tmp_path / "ILSVRC-train.lmdb", k, 2).write_bytes(b"")
+    odd = tmp_path / "ILSVRC-tr[a]in.lmdb"
+    assert shard_files(odd) == []
+    shard_path(odd, 0, 2).write_bytes(b"")
+    assert shard_files(odd) == [tmp_path / "ILSVRC-tr[a]in-00000-of-00002.lmdb"]
+    assert len(shard_files(tmp_path / "ILSVRC-train.lmdb")) == 2
+    assert not is_shard_name("ILSVRC-train-00000-of-00002.lmdb", Path("ILSVRC-tr[a]in.lmdb"))

@@ -201,6 +201,28 @@ def test_resume_edges(lmdb_dir):
     assert fresh.state_dict()["warmup"] == 3  # and it stays the checkpoint's
     with pytest.raises(ValueError, match="warmup"):  # an explicit one must match
         Loader(lmdb_dir, "train", None, cache=n, warmup=5, **kw).load_state_dict(state)
+    # checkpoints from before the "warmup" key all used the old default (one batch)
+    older = Loader(lmdb_dir, "train", None, cache=n, **kw)
+    older.load_state_dict({k: v for k, v in state.items() if k != "warmup"})
+    assert _ids(older) == want[1:]
+    # adopting stops the epoch in progress (its next() raises: not a short epoch), and a
+    # later checkpoint of the new default is adopted back
+    busy = Loader(lmdb_dir, "train", None, cache=n, **kw)
+    it = iter(busy)
+    next(it)
+    new_default = busy.state_dict()
+    busy.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="load_state_dict that changed the shuffle warm-up"):
+        next(it)
+    busy.load_state_dict(new_default)
+    assert busy.state_dict()["warmup"] == n
+    # the rule looks at a rank's share: with 2 ranks a buffer of half the split holds it
+    half = -(-n // 2)
+    for rank in (0, 1):
+        assert Loader(lmdb_dir, "train", None, cache=half, rank=rank, world_size=2,
+                      **kw).state_dict()["warmup"] == half
+    assert Loader(lmdb_dir, "train", None, cache=half - 1, rank=0, world_size=2,
+                  **kw).state_dict()["warmup"] == 3
 
 
 def test_a_launcher_without_a_process_group_is_an_error(lmdb_dir, monkeypatch):
@@ -212,6 +234,8 @@ def test_a_launcher_without_a_process_group_is_an_error(lmdb_dir, monkeypatch):
         Loader(lmdb_dir, "train", None, num_workers=0)
     ld = Loader(lmdb_dir, "train", None, num_workers=0, rank=1, world_size=2)  # explicit: fine
     assert (ld.rank, ld.world_size) == (1, 2)
+    ld = Loader(lmdb_dir, "train", None, num_workers=0, world_size=1)  # (as the error advises)
+    assert (ld.rank, ld.world_size) == (0, 1)
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert Loader(lmdb_dir, "train", None, num_workers=0).world_size == 1
 

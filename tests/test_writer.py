@@ -382,8 +382,8 @@ def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
     with pytest.raises(FileExistsError, match="--restart-markers off then, on now"):
         _quiet(write_split, scan, out, "train", _opts(seed=1, restart_markers=True))
     fewer = dataclasses.replace(scan, paths=scan.paths[1:], labels=scan.labels[1:])
-    with pytest.raises(FileExistsError, match="the source images differ: files were added, "
-                                              "removed or renamed"):
+    with pytest.raises(FileExistsError, match="the source images or their labels differ: "
+                                              "files were added, removed or renamed"):
         _quiet(write_split, fewer, out, "train", _opts(seed=1))
     _quiet(write_split, scan, out, "train", _opts(seed=1))  # the same command finishes it
     with pytest.raises(FileExistsError, match=r"not written by this command \(it was written "
@@ -449,7 +449,8 @@ def test_interrupt_hint_does_not_say_resume_with_overwrite(synth_tree, tmp_path,
 
     monkeypatch.setattr(pre, "write_split", interrupted)
     for extra, hint in (([], "re-run the same command to resume"),
-                        (["--overwrite"], "re-run it without --overwrite to resume")):
+                        (["--overwrite"], "re-run the same command to start again, or "
+                                          "without --overwrite to resume")):
         assert cli(["preprocess", str(synth_tree.root), str(tmp_path), "--no-progress",
                     *extra]) == 130
         assert f"interrupted; {hint}" in capsys.readouterr().err
