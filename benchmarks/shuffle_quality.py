@@ -52,7 +52,9 @@ the record count are skipped.
 
 Writes the Markdown table to ``benchmarks/results/shuffle_quality.md`` and the JSON
 document next to it (``.json``; ``--out FILE.md`` to choose, ``--out ''`` to skip) and
-prints the table (or the JSON document with ``--json``).
+prints the table (or the JSON document with ``--json``).  With ``--db`` the default is
+``shuffle_quality-<database folder>.md`` in the current folder: the committed results
+describe the ImageNet-like layout, and checking your own data must not overwrite them.
 """
 from __future__ import annotations
 
@@ -396,8 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recommendation: maximum pair repeat, in multiples of the ideal")
     p.add_argument("--min-hdd-eff", type=float, default=0.95,
                    help="recommendation: minimum modelled HDD efficiency (0..1)")
-    p.add_argument("--out", default=str(RESULTS / "shuffle_quality.md"),
-                   help="Markdown output file, plus the JSON with suffix .json ('' = do not write)")
+    p.add_argument("--out", default=None,
+                   help="Markdown output file, plus the JSON with suffix .json ('' = do not "
+                        "write; default benchmarks/results/shuffle_quality.md, or with --db "
+                        "./shuffle_quality-<database folder>.md)")
     p.add_argument("--json", action="store_true",
                    help="print the JSON document (conditions, rows, recommendation) on stdout "
                         "instead of the table")
@@ -413,6 +417,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--batch-size must be >= 2")
     doc = run_grid(args)
     md = format_markdown(doc)
+    if args.out is None:
+        args.out = str(RESULTS / "shuffle_quality.md" if args.db is None
+                       else Path(f"shuffle_quality-{args.db.resolve().name}.md"))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -307,6 +307,12 @@ class Normalize:
         if not isinstance(tensor, np.ndarray) or tensor.dtype.kind != "f":
             raise TypeError(f"Normalize expects a floating CHW array (apply ToTensor first), "
                             f"got {type(tensor).__name__} {getattr(tensor, 'dtype', '')}")
+        n = max(len(self.mean), len(self.std))
+        if tensor.ndim < 3 or n > 1 and tensor.shape[-3] != n:
+            raise ValueError(f"Normalize expects a CHW array with {n} channel(s) (its "
+                             f"mean/std), got shape {tensor.shape}"
+                             + (" -- an HWC image? apply ToTensor first"
+                                if tensor.ndim == 3 and tensor.shape[-1] == n else ""))
         mean = np.asarray(self.mean, tensor.dtype).reshape(-1, 1, 1)
         std = np.asarray(self.std, tensor.dtype).reshape(-1, 1, 1)
         if not std.all():

@@ -61,6 +61,16 @@ def test_fast_epoch_order_is_the_loader_order():
     assert pair_repeat(rng.permutation(1000), rng.permutation(1000), 10) < 0.05
 
 
+def test_shuffle_quality_of_a_database_does_not_overwrite_the_committed_results(lmdb_dir,
+                                                                                 tmp_path):
+    committed = BENCH / "results" / "shuffle_quality.md"
+    before = committed.stat().st_mtime_ns
+    doc = _run("shuffle_quality.py", "--db", str(lmdb_dir), "--caches", "8", "--chunks", "4",
+               "--batch-size", "4", "--json", "--no-progress", cwd=tmp_path)
+    assert doc["rows"] and committed.stat().st_mtime_ns == before
+    assert (tmp_path / f"shuffle_quality-{lmdb_dir.name}.md").exists()
+
+
 def test_shuffle_quality_script(tmp_path):
     out = tmp_path / "q.md"
     doc = _run("shuffle_quality.py", "--classes", "6", "--per-class", "50", "--caches",

@@ -122,6 +122,19 @@ def test_folder_loader_runs(data):
     assert (data / "folder" / "checkpoint.pth.tar").exists()
 
 
+def test_folder_loader_names_a_file_it_cannot_decode(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("imagenet_main", MAIN)
+    main = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(main)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "broken.JPEG").write_bytes(b"")
+    ds = main.ImageFolder(str(tmp_path), lambda img: img)
+    with pytest.raises(ValueError, match=r"broken\.JPEG: .*remove or replace it"):
+        ds[0]
+
+
 @pytest.mark.slow
 def test_gpu_normalize_path_gives_the_same_batches(data, reference):
     log = data / "gpu.log"

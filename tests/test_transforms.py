@@ -195,6 +195,15 @@ def test_to_tensor_and_normalize():
     assert Normalize(MEAN, STD, inplace=True)(z) is z and np.allclose(z, ref, atol=1e-6)
     with pytest.raises(TypeError, match="ToTensor"):
         Normalize(MEAN, STD)(img)
+    # a float HWC image was a numpy broadcasting error that named nothing
+    with pytest.raises(ValueError, match=r"CHW array with 3 channel.*got shape \(20, 30, 3\) "
+                                         r"-- an HWC image\? apply ToTensor first"):
+        Normalize(MEAN, STD)(img.astype(np.float32))
+    with pytest.raises(ValueError, match=r"got shape \(1, 20, 30\)"):
+        Normalize(MEAN, STD)(x[:1])
+    assert Normalize(0.5, 0.25)(x[:1]).shape == (1, 20, 30)  # one mean: any channel count
+    # other dtypes are only transposed, as torchvision's ToTensor does with arrays
+    assert ToTensor()(img.astype(np.int32)).dtype == np.int32
 
 
 @pytest.mark.parametrize("make", [

@@ -56,7 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--loader", default="seqloader", choices=["seqloader", "folder"])
     p.add_argument("--folder-data", metavar="DIR", help="image-folder tree (train/, val/) for --loader folder")
     p.add_argument("--image-size", default=224, type=int)
-    p.add_argument("--max-iters", default=0, type=int, help="end each epoch after N iterations")
+    p.add_argument("--max-iters", default=0, type=int,
+                   help="end each epoch's training, and each validation, after N iterations "
+                        "(smoke tests)")
     p.add_argument("--cache", default=5000, type=int, help="seqloader shuffle buffer (records)")
     p.add_argument("--io", default="auto", choices=IO_MODES,
                    help="seqloader reads: page cache or O_DIRECT (auto: direct for data larger "
@@ -158,7 +160,11 @@ class ImageFolder(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         path, label = self.samples[index]
-        image = T.decode_rgb(np.fromfile(path, np.uint8))  # cv2.imdecode, then BGR -> RGB
+        try:
+            image = T.decode_rgb(np.fromfile(path, np.uint8))  # cv2.imdecode, then BGR -> RGB
+        except ValueError as e:  # (torchvision's ImageFolder stops on such a file too)
+            raise ValueError(f"{path}: {e}; remove or replace it (seqloader's preprocessing "
+                             "skips such files and lists them)") from None
         return torch.from_numpy(self.transform(image)), label
 
 
