@@ -554,13 +554,21 @@ class RangeReader:
 
     def extents(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """File offset and length (:data:`~seqloader.format.EXTENT_DTYPE`) of every record
-        of ``ranges``, found by reading them (one sequential pass)."""
+        of ``ranges``, found by walking the B-tree in key order.  The records' own pages
+        are not read: LMDB hands out a value's address from its leaf entry (an overflow
+        page number), so this reads the leaf pages -- ~1 % of the file for photos, e.g.
+        ~40 MB for ImageNet's 1.28 M records -- not the data.  (It read every record
+        until stop 20: a resumed preprocessing run re-read all it had written.)"""
+        shards = self._open()
+        self._check_unchanged(shards)
         out = []
-        for i, value in self.read(ranges):
-            sh = self._shards[bisect.bisect_right(self._offsets, i) - 1]
+        for s, a, b in self._split(ranges):
+            sh = shards[s]
             if sh.base is None:
                 raise RuntimeError(f"{sh.path}: cannot locate records (no /proc/self/maps)")
-            out.append((_address(value) - sh.base, len(value)))
+            for value in sh.values(a, b):
+                out.append((_address(value) - sh.base, len(value)))
+            _unmap(sh.base, sh.size)
         return np.array(out, EXTENT_DTYPE)
 
     def copy_into(self, value: memoryview, out: np.ndarray) -> None:

@@ -455,9 +455,9 @@ class _ShardWriter:
             close_env(env)
         if meta.fingerprint != self.fingerprint or not meta.num_records:
             return []
-        if self.opt.progress:  # (it can take minutes, before the progress bar shows)
-            print(f"{self.partial.name}: resuming after {meta.num_records:,} records; reading "
-                  f"them once ({meta.image_bytes / 2**30:.2f} GiB) to index them",
+        if self.opt.progress:  # (a walk of the B-tree's leaves, before the progress bar)
+            print(f"{self.partial.name}: resuming after {meta.num_records:,} records "
+                  f"({meta.image_bytes / 2**30:.2f} GiB); indexing them",
                   file=sys.stderr, flush=True)
         reader = RangeReader(Database((self.partial,), (meta,)))
         try:
