@@ -97,8 +97,7 @@ def fast_epoch_order(spec: PlanSpec, epoch: int, *, cache: int,
     n = int(starts[-1])
     if spec.shuffle:
         if warmup is None:
-            warmup = default_warmup(cache, spec.batch_size,
-                                    -(-spec.num_records // spec.world_size))
+            warmup = default_warmup(cache, spec.batch_size, spec.num_records, spec.world_size)
         pos = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup,
                             eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
     else:

@@ -156,8 +156,7 @@ class Loader:
             return self.warmup
         if self._adopted_warmup is not None:  # a checkpoint's (see load_state_dict)
             return self._adopted_warmup
-        return default_warmup(self.cache, self.batch_size,
-                              -(-self.db.num_records // self.world_size))
+        return default_warmup(self.cache, self.batch_size, self.db.num_records, self.world_size)
 
     def _producer_spec(self) -> ProducerSpec:
         if self._spec is not None:

@@ -91,12 +91,12 @@ def shuffle_order(n: int, capacity: int, rng: np.random.Generator, *,
     return np.fromiter(shuffled(range(n), capacity, rng, warmup=warmup, eager=eager), np.int64, n)
 
 
-def default_warmup(cache: int, batch_size: int, rank_records: int) -> int:
+def default_warmup(cache: int, batch_size: int, num_records: int, world_size: int) -> int:
     """The Loader's default ``warmup``: one batch (the first batch then needs only
     ``warmup + B - 1`` records read) -- unless a rank's whole share of the split fits in
-    the buffer (``rank_records`` = ceil(records / world size) <= ``cache``): then the
+    the buffer (ceil(``num_records`` / ``world_size``) <= ``cache``): then the
     whole buffer, so every epoch is a uniform permutation.  With a one-batch warm-up a
     share that fits emits its early records early every epoch (480 records in one chunk:
     consecutive epochs' orders correlated 0.44 instead of ~0); the cost is reading that
     share before its first batch."""
-    return cache if rank_records <= cache else min(cache, batch_size)
+    return cache if -(-num_records // world_size) <= cache else min(cache, batch_size)

@@ -249,11 +249,7 @@ def _remove_partial(partial: Path) -> None:
     except FileNotFoundError:
         return
     with f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"another process is writing {partial}; wait for it or stop it "
-                               "before re-running") from None
+        _lock_or_fail(f, partial)
         _remove_db(partial)
 
 
@@ -497,8 +493,7 @@ class _ShardWriter:
         if now is None or not os.path.samestat(now, held):
             lockf.close()  # finished (renamed) by the run we waited for: is it this one's?
             if self.final.exists() and not self.opt.overwrite:
-                return _existing(self.final, self.fingerprint, self.opt.strict, self.scan,
-                                 self.opt)
+                return _existing(self.final, self.fingerprint, self.scan, self.opt)
             raise RuntimeError(f"{self.partial} was moved by another process while this one "
                                "waited for it; re-run the command")
         if self.opt.overwrite:  # only now, with the lock: never under a writer still at work
@@ -650,7 +645,7 @@ def write_split(scan: Scan, out: str | Path, split: str,
         final = shard_path(out, k, opt.shards)
         partial = final.with_name(final.name + ".partial")
         if final.exists() and not opt.overwrite:  # (with overwrite, removed under the lock)
-            report.shards.append(_existing(final, fingerprint, opt.strict, scan, opt))
+            report.shards.append(_existing(final, fingerprint, scan, opt))
             _lock_file(partial).unlink(missing_ok=True)  # (a kill between rename and unlink)
             continue
         writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt)
@@ -670,10 +665,9 @@ def write_split(scan: Scan, out: str | Path, split: str,
     return report
 
 
-def _existing(final: Path, fingerprint: str, strict: bool = False, scan: Scan | None = None,
-              opt: WriteOptions | None = None) -> ShardResult:
-    """The result of ``final``, already complete, if this command wrote it: not with
-    ``strict`` if it skipped bad files."""
+def _existing(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions) -> ShardResult:
+    """The result of ``final``, already complete, if this command (``scan``, ``opt``, whose
+    plan has ``fingerprint``) wrote it: not with ``--strict`` if it skipped bad files."""
     env = open_env(final)
     try:
         meta = read_meta(env, final, require_complete=False)
@@ -682,12 +676,12 @@ def _existing(final: Path, fingerprint: str, strict: bool = False, scan: Scan | 
     finally:
         close_env(env)
     if meta is None or not meta.complete or meta.fingerprint != fingerprint:
-        why = ("different sources, order or options" if meta is None or scan is None
-               or opt is None else _what_differs(meta, scan, opt))
+        why = ("different sources, order or options" if meta is None
+               else _what_differs(meta, scan, opt))
         raise FileExistsError(f"{final} already exists and was not written by this command "
                               f"({why}); pass --overwrite to replace it, or choose another "
                               "output folder")
-    if strict and meta.bad_files:
+    if opt.strict and meta.bad_files:
         raise FileExistsError(f"{final} was written without --strict and skipped "
                               f"{len(meta.bad_files)} bad file(s), listed in "
                               f"{_report_path(final)}; pass --overwrite to write it again with "
