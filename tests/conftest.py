@@ -1,13 +1,51 @@
 """Shared fixtures: a tiny synthetic ImageNet tree, written through the real writer."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: How to install each optional tool or library that ``@pytest.mark.needs(...)`` names.
+#: Programs are looked up on PATH, anything else is a Python module.
+OPTIONAL = {
+    "jpegtran": "apt install libjpeg-turbo-progs",
+    "nginx": "apt install nginx",
+    "lightning": "pip install -c constraints.txt -e '.[integrations]'",
+    "accelerate": "pip install -c constraints.txt -e '.[integrations]'",
+    "s3fs": "pip install -c constraints.txt -e '.[remote,test-remote]'",
+    "moto": "pip install -c constraints.txt -e '.[remote,test-remote]'",
+    "fsspec": "pip install -c constraints.txt -e '.[remote]'",
+    "aiohttp": "pip install -c constraints.txt -e '.[remote]'",
+}
+_PROGRAMS = {"jpegtran", "nginx"}
+
+
+def _available(name: str) -> bool:
+    if name in _PROGRAMS:
+        return shutil.which(name) is not None or os.path.exists(f"/usr/sbin/{name}")
+    return importlib.util.find_spec(name) is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.needs("jpegtran", ...)``: skip cleanly, saying how to install what
+    is missing (the README's commands install none of these; ``.ci/run``'s extras step
+    installs them and runs ``-m needs``)."""
+    for item in items:
+        for mark in item.iter_markers("needs"):
+            unknown = [n for n in mark.args if n not in OPTIONAL]
+            if unknown:
+                raise pytest.UsageError(f"{item.nodeid}: needs{tuple(unknown)}: add them to "
+                                        "tests/conftest.py's OPTIONAL")
+            missing = [n for n in mark.args if not _available(n)]
+            if missing:
+                item.add_marker(pytest.mark.skip(reason="needs " + ", ".join(
+                    f"{n} ({OPTIONAL[n]})" for n in missing)))
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,7 @@ def test_shuffle_quality_script(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == doc["rows"]
 
 
+@pytest.mark.slow
 def test_shuffle_accuracy_script(tmp_path):
     fake = tmp_path / "fake-hddsim"  # runs the command as is: tests the wiring only
     fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
@@ -129,6 +130,7 @@ def test_shuffle_accuracy_script(tmp_path):
     assert (out / "shuffle_accuracy.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_transforms_bench_script(tmp_path):
     out = tmp_path / "t.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -187,7 +189,7 @@ def test_read_cost_script(tmp_path, mode):
     assert doc["user_s"] >= 0 and doc["sys_s"] >= 0
 
 
-@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
+@pytest.mark.needs("jpegtran")
 def test_decode_floor_script(tmp_path):
     """Runs end to end on a few 2000x1500 photos (every draw gets a reduced decode) and
     reports a consistent breakdown; the exact-crop copy codes part of the image."""
@@ -211,7 +213,7 @@ def test_decode_floor_script(tmp_path):
     assert grids["every MCU"]["kb"] > grids["stored (~4 MCUs)"]["kb"]
 
 
-@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
+@pytest.mark.needs("jpegtran")
 def test_decode_floor_sets_by_long_side(tmp_path):
     """``--sets`` also takes long sides in px (4:3 photos): a 400 px set has no draw with a
     reduced decode, a 1600 px set has some; an unknown name is a usage error."""
@@ -228,7 +230,7 @@ def test_decode_floor_sets_by_long_side(tmp_path):
     assert bad.returncode == 2 and "unknown set 'huge'" in bad.stderr
 
 
-@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs)")
+@pytest.mark.needs("jpegtran")
 def test_reduced_by_size_script(tmp_path):
     """Runs end to end on a few photos of two sizes: only draws with a reduced decode are
     timed (all four draws here at 2000 px on the long side; none fits a 400 px image)."""
@@ -247,6 +249,7 @@ def test_reduced_by_size_script(tmp_path):
     assert list(by_scale) == [str(m) for m in range(1, 9)] and by_scale["1"] < by_scale["8"]
 
 
+@pytest.mark.needs("jpegtran")
 def test_reduced_by_size_fractional_renders_the_same_crop():
     """The --fractional experiment decodes the crop's window at the smallest M/8 scale
     and renders it as the shipped path does: the same crop, about as close to the plain

@@ -83,6 +83,7 @@ def test_trains_and_validates_end_to_end(reference):
     assert (ckdir / "model_best.pth.tar").exists()
 
 
+@pytest.mark.slow
 def test_stop_and_resume_sees_exactly_the_remaining_batches(data, reference):
     ref_p, _, ref_log = reference
     ck, log = data / "stop", data / "stop.log"
@@ -113,6 +114,7 @@ def test_evaluate_a_checkpoint(data, reference):
     assert "done:" in p.stdout and "train" not in p.stderr
 
 
+@pytest.mark.slow
 def test_folder_loader_runs(data):
     log = data / "folder.log"
     p = run("--loader", "folder", "--folder-data", data / "tree", *SMALL, "--epochs", 1,
@@ -293,6 +295,7 @@ def test_ctrl_c_during_validation_stops_it_and_keeps_the_trained_epoch(long_val)
         assert proc.wait(TIMEOUT) == 143
 
 
+@pytest.mark.slow
 def test_resume_errors_are_one_line(data, tmp_path):
     p = run(data / "lmdb", *SMALL, "--resume", tmp_path / "nope.pth.tar", cwd=data, expect=1)
     assert "no such checkpoint file" in p.stderr and "Traceback" not in p.stderr
@@ -304,10 +307,11 @@ def test_resume_errors_are_one_line(data, tmp_path):
     assert "cannot load it as a checkpoint" in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("arg, needle", [("-b 0", "--batch-size must be >= 1"),
-                                         ("-j -1", "--workers must be >= 0"),
-                                         ("-p 0", "--print-freq must be >= 1"),
-                                         ("--image-size 0", "--image-size must be >= 1")])
+@pytest.mark.parametrize("arg, needle", [
+    ("-b 0", "--batch-size must be >= 1"),
+    pytest.param("-j -1", "--workers must be >= 0", marks=pytest.mark.slow),
+    pytest.param("-p 0", "--print-freq must be >= 1", marks=pytest.mark.slow),
+    pytest.param("--image-size 0", "--image-size must be >= 1", marks=pytest.mark.slow)])
 def test_bad_numbers_are_usage_errors(data, arg, needle):
     """They were tracebacks (-p 0: a ZeroDivisionError once training had started)."""
     p = run(data / "lmdb", *SMALL, *arg.split(), cwd=data, expect=2)

@@ -130,8 +130,7 @@ def test_reduced_decode_check_rejects_what_a_full_decode_rejects():
     assert all(prepare_image(d).data == d for d in good)
 
 
-@pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
-                    reason="jpegtran (libjpeg-turbo-progs) is not installed")
+@pytest.mark.needs("jpegtran")
 def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
     from seqloader.images import (add_restart_markers, jpeg_frame, jpeg_scan, restart_blocks,
                                   restart_grid)

@@ -282,7 +282,9 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("shuffle,io", [(True, "auto"), (False, "auto"), (False, "direct")])
+@pytest.mark.parametrize("shuffle,io", [(True, "auto"),
+                                        pytest.param(False, "auto", marks=pytest.mark.slow),
+                                        pytest.param(False, "direct", marks=pytest.mark.slow)])
 def test_ddp_two_ranks_disjoint_and_equal(lmdb_dir, tmp_path, shuffle, io):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     init = tmp_path / "init"
@@ -408,8 +410,7 @@ def test_uint8_device_path_matches_float_path(lmdb_dir):
         next(iter(Loader(lmdb_dir, "train", _mean_color, output="uint8", num_workers=0)))
 
 
-@pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
-                    reason="jpegtran (libjpeg-turbo-progs) is not installed")
+@pytest.mark.needs("jpegtran")
 def test_restart_marked_database_gives_the_same_batches(synth_tree, lmdb_dir, tmp_path):
     """A database written with --restart-markers (decoded in restart windows by the
     workers) yields exactly the batches of the plain one."""

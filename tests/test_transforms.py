@@ -536,13 +536,16 @@ def test_jpeg_frame_reports_mcu_rows():
 
 
 @pytest.mark.parametrize("recipe", [
-    train_recipe(), Compose([RandomResizedCrop(64), RandomHorizontalFlip()]),
-    Compose([RandomResizedCrop(112, interpolation="bicubic"), ToTensor()]),
+    train_recipe(),
+    pytest.param(Compose([RandomResizedCrop(64), RandomHorizontalFlip()]), marks=pytest.mark.slow),
+    pytest.param(Compose([RandomResizedCrop(112, interpolation="bicubic"), ToTensor()]),
+                 marks=pytest.mark.slow),
     val_recipe(), val_recipe(128, 112), val_recipe(300, 288, norm=False),
     Compose([Resize(200, interpolation="lanczos"), CenterCrop(180)]),
     # upscaled (the images are 1001 px high): the box is sampled in place (warpAffine),
     # whose kernel reaches past it -- NOTE [ render reach ]
-    Compose([Resize(1100, interpolation="lanczos"), CenterCrop(1024)]),
+    pytest.param(Compose([Resize(1100, interpolation="lanczos"), CenterCrop(1024)]),
+                 marks=pytest.mark.slow),
     Compose([Resize(1050, interpolation="bicubic"), CenterCrop((900, 1000))]),
 ], ids=["train224", "rrc64", "rrc112-bicubic", "val", "val128", "val-pad", "val-lanczos",
         "upscale-lanczos", "upscale-bicubic"])
@@ -583,7 +586,8 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     assert capfd.readouterr().err == ""  # the skipped tail is not reported as corrupt data
 
 
-@pytest.mark.parametrize("reach", [1, 6], ids=["slice-reach", "warp-reach"])
+@pytest.mark.parametrize("reach", [1, pytest.param(6, marks=pytest.mark.slow)],
+                         ids=["slice-reach", "warp-reach"])
 def test_restart_window_matches_full_decode(reach):
     """NOTE [ restart windows ]: a decode of the restart segments around a crop equals
     the full decode from ``reach`` decoded px outside the crop inwards (NOTE [ render
@@ -920,6 +924,7 @@ def test_only_fractional_upscales_are_sampled_in_place():
     assert not shrink.warps(shrink.plan(375, 500, np.random.default_rng(0)))
 
 
+@pytest.mark.slow
 def test_stopped_decode_margin_is_exact():
     """NOTE [ row-limited decode ]: a decode stopped at ``decoded_rows()`` equals the
     full decode in every decoded row the render may read (``reach`` below the crop), for

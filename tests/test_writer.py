@@ -523,8 +523,7 @@ def test_extents_of_values_small_enough_to_live_in_btree_leaves(tmp_path):
     assert_extents_match(path)
 
 
-needs_jpegtran = pytest.mark.skipif(__import__("shutil").which("jpegtran") is None,
-                                    reason="jpegtran (libjpeg-turbo-progs) is not installed")
+needs_jpegtran = pytest.mark.needs("jpegtran")
 
 
 @needs_jpegtran
