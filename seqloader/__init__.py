@@ -10,12 +10,12 @@ __version__ = "0.2.0"
 from .dataflow import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
                        MapDataComponent, MultiProcessMapData)
 from .database import Database, open_database
-from .format import FORMAT_VERSION, FormatError, IncompleteError, Meta, Record
+from .format import EmptyDatabaseError, FORMAT_VERSION, FormatError, IncompleteError, Meta, Record
 from .parallel import WorkerDiedError, WorkerError
 from .plan import DEFAULT_CACHE, DEFAULT_CHUNK
 from .preprocess import preprocess
 from .scan import Scan, scan_class_tree, scan_labelled_folder
-from .writer import BadImageError, WriteOptions, WriteReport, write_split
+from .writer import BadImageError, NoRecordsError, WriteOptions, WriteReport, write_split
 
 _LAZY = {"Loader": "loader", "ImagenetLoader": "loader"}
 
@@ -32,5 +32,5 @@ __all__ = [
     "scan_labelled_folder", "BadImageError", "WriteOptions", "WriteReport", "write_split",
     "Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK", "WorkerError",
     "WorkerDiedError", "DataFlow", "LMDBData", "LocallyShuffleData", "MapData",
-    "MapDataComponent", "BatchData", "MultiProcessMapData",
+    "MapDataComponent", "BatchData", "MultiProcessMapData", "EmptyDatabaseError", "NoRecordsError",
 ]

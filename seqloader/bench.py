@@ -886,13 +886,15 @@ class _Sources:
 
     def __init__(self, args: argparse.Namespace, loaders: list[str]) -> None:
         from .database import open_database
+        from .format import database_splits
+        from .scan import image_tree_hint
 
         p = Path(args.path)
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist (expected a seqloader database or a "
                                     "class-folder tree)")
-        if args.split is None and not p.is_file():
-            args.split = "train"
+        if args.split is None and not p.is_file():  # (the rule of info and verify, first split)
+            args.split = (database_splits(p) or ["train"])[0]
         self.db = None
         self.db_path = p
         is_db = p.is_file() or (p.is_dir() and any(p.glob(f"ILSVRC-{args.split}*.lmdb")))
@@ -903,9 +905,11 @@ class _Sources:
         self.split = args.split
         files_dir = args.files if args.files else (None if is_db else p)
         if "seqloader" in loaders and self.db is None:
-            raise ValueError(f"{p} is not a seqloader database (no ILSVRC-{args.split}.lmdb or "
-                             "shards there); create one with `seqloader preprocess`, or "
-                             "benchmark the folder with --loader files")
+            tree = image_tree_hint(p)
+            raise ValueError((f"{tree}; or" if tree else
+                              f"{p} is not a seqloader database (no ILSVRC-{args.split}.lmdb or "
+                              "shards there); create one with `seqloader preprocess`, or")
+                             + " benchmark the folder's images with --loader files")
         self.scan = None
         self.scan_s = None
         self.files_excluded = 0
@@ -1324,8 +1328,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH",
                    help="a database (.lmdb file, or the folder holding ILSVRC-<split>.lmdb) "
                         "or, for --loader files, a class-folder tree")
-    p.add_argument("--split", help="split name (default: a database file's own; train for a "
-                                   "folder)")
+    p.add_argument("--split", help="split name (default: a database file's own; for a folder, "
+                                   "train, or its first split without train: bench measures one)")
     p.add_argument("--loader", choices=("seqloader", "files", "both"), default="seqloader",
                    help="what to measure (%(default)s)")
     p.add_argument("--files", metavar="DIR",

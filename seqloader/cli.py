@@ -73,10 +73,40 @@ def run_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
-def _info(args: argparse.Namespace) -> int:
-    from .database import open_database
+def path_splits(path: str | Path, split: str | None) -> list[str | None]:
+    """The splits ``info``, ``verify`` (and ``bench``, which takes the first) read at
+    ``path``: ``[split]`` for a file (None: its own) or with ``--split``; for a folder
+    without it, every split with a database there, train and val first.  Raises
+    FileNotFoundError naming what is there instead (e.g. an image tree to preprocess)."""
+    from .format import database_splits, find_database
 
-    db = open_database(args.path, args.split, require_complete=False)
+    p = Path(path)
+    if split is not None or not p.is_dir():
+        return [split]
+    splits = database_splits(p)
+    if not splits:
+        find_database(p)  # raises, saying what the folder holds instead
+    return list(splits)
+
+
+def _info(args: argparse.Namespace) -> int:
+    splits = path_splits(args.path, args.split)
+    folder = args.split is None and Path(args.path).is_dir()
+    infos = {}
+    for i, split in enumerate(splits):
+        if not args.json and i:
+            print()
+        infos[split] = _describe(args.path, split, args.json)
+    if args.json:
+        print(json.dumps(infos if folder else infos[splits[0]], indent=2))
+    return 0
+
+
+def _describe(path: str, split: str | None, as_json: bool) -> dict:
+    """Print what ``info`` says about one split (unless ``as_json``); its JSON object."""
+    from .database import empty_reason, open_database
+
+    db = open_database(path, split, require_complete=False, require_records=False)
     info = {
         "paths": [str(p) for p in db.paths], "split": db.split, "num_records": db.num_records,
         "num_classes": len(db.classes), "classes": db.classes,
@@ -90,9 +120,8 @@ def _info(args: argparse.Namespace) -> int:
         "writer": db.metas[0].writer,
         "restart_markers": _restart_markers(db),
     }
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
+    if as_json:
+        return info
     cls = db.classes
     print(f"{', '.join(info['paths'])}\n"
           f"  split {db.split!r}, format version {info['format_version']}, "
@@ -114,7 +143,9 @@ def _info(args: argparse.Namespace) -> int:
             "yes, with a restart index" if info["restart_markers"] == "index" else
             "yes, without a restart index (an older writer: each crop scans for the markers; "
             "re-create the file for a ~4-5 % faster fused transform)"))
-    return 0
+    if db.num_records == 0:
+        print(f"  EMPTY: {empty_reason(db)}")
+    return info
 
 
 def _writer_options(w: dict | None) -> str:
@@ -144,17 +175,22 @@ def _restart_markers(db: Database) -> str | None:
 def _verify(args: argparse.Namespace) -> int:
     from .verify import verify_database
 
-    res = verify_database(args.path, args.split, workers=args.workers,
-                          progress=not args.no_progress)
-    for idx, why in res.bad[:100]:
-        print(f"bad record {idx}: {why}")
-    if len(res.bad) > 100:
-        print(f"... and {len(res.bad) - 100} more bad records")
-    for prob in res.problems:
-        print(f"problem: {prob}")
-    print(f"{res.num_records} records checked: "
-          + ("OK" if res.ok else f"{len(res.bad)} bad record(s), {len(res.problems)} problem(s)"))
-    return 0 if res.ok else 1
+    splits = path_splits(args.path, args.split)
+    named = args.split is None and Path(args.path).is_dir()  # (else the path says which)
+    ok = True
+    for split in splits:
+        res = verify_database(args.path, split, workers=args.workers,
+                              progress=not args.no_progress)
+        for idx, why in res.bad[:100]:
+            print(f"bad record {idx}: {why}")
+        if len(res.bad) > 100:
+            print(f"... and {len(res.bad) - 100} more bad records")
+        for prob in res.problems:
+            print(f"problem: {prob}")
+        print((f"{split}: " if named else "") + f"{res.num_records} records checked: "
+              + ("OK" if res.ok else f"{len(res.bad)} bad record(s), {len(res.problems)} problem(s)"))
+        ok = ok and res.ok
+    return 0 if ok else 1
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -184,10 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, hlp in (("info", _info, "describe a database"),
                           ("verify", _verify, "decode every record and check checksums")):
         p = sub.add_parser(name, help=hlp)
-        p.add_argument("path", help="a .lmdb file, one shard of a set, or a folder (with --split)")
-        p.add_argument("--split", help="split name when PATH is a folder (e.g. train)")
+        p.add_argument("path", help="a .lmdb file, one shard of a set, or a folder of them: "
+                                    "every split in it, unless --split names one")
+        p.add_argument("--split", help="only this split of a folder (e.g. train)")
         if name == "info":
-            p.add_argument("--json", action="store_true", help="print JSON")
+            p.add_argument("--json", action="store_true",
+                           help="print JSON (a folder without --split: an object per split)")
         else:
             p.add_argument("--workers", type=int, default=None,
                            help="decode processes (default: one per core plus one)")

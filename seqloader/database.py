@@ -15,10 +15,10 @@ import os
 import lmdb
 import numpy as np
 
-from .format import (META_KEY, FormatError, Meta, Record, db_name, encode_key, find_database,
-                     unpack_meta, unpack_record)
+from .format import (META_KEY, EmptyDatabaseError, FormatError, Meta, Record, bad_files_path,
+                     db_name, encode_key, find_database, unpack_meta, unpack_record)
 
-__all__ = ["Database", "open_env", "close_env", "read_meta", "open_database"]
+__all__ = ["Database", "open_env", "close_env", "read_meta", "open_database", "empty_reason"]
 
 
 # NOTE [ one environment per file and process ]
@@ -158,11 +158,13 @@ class Database:
 
 
 def open_database(path: str | Path, split: str | None = None, *,
-                  require_complete: bool = True) -> Database:
+                  require_complete: bool = True, require_records: bool = True) -> Database:
     """Find and check the shard files of a database (see :func:`~seqloader.format.find_database`).
 
     Raises :class:`FormatError` if shards disagree (different writer runs, classes or
-    shard counts), :class:`~seqloader.format.IncompleteError` for unfinished files.
+    shard counts), :class:`~seqloader.format.IncompleteError` for unfinished files and,
+    when ``require_records``, :class:`~seqloader.format.EmptyDatabaseError` for a
+    complete database without records (:func:`empty_reason`).
     """
     paths = find_database(path, split)
     metas = []
@@ -189,7 +191,25 @@ def open_database(path: str | Path, split: str | None = None, *,
         if m.shard != i or m.num_shards != len(paths):
             raise FormatError(f"{p} says it is shard {m.shard} of {m.num_shards}, but it is "
                               f"file {i} of {len(paths)}; was it renamed?")
-    return Database(tuple(paths), tuple(metas), tuple(identities))
+    db = Database(tuple(paths), tuple(metas), tuple(identities))
+    if require_records and db.num_records == 0 and all(m.complete for m in metas):
+        raise EmptyDatabaseError(empty_reason(db))
+    return db
+
+
+def empty_reason(db: Database) -> str:
+    """Why ``db``, which has no records, is unusable, and the fix: in words for errors
+    and ``seqloader info``/``verify``."""
+    bad = [b for m in db.metas for b in m.bad_files]
+    reports = [str(bad_files_path(p)) for p, m in zip(db.paths, db.metas) if m.bad_files]
+    where = f"{db.paths[0]}" + (f" (and {len(db.paths) - 1} other shard(s))" if len(db.paths) > 1 else "")
+    why = (f"every source image of split {db.split!r} was skipped: {len(bad)} undecodable or "
+           f"unreadable file(s), listed in {', '.join(reports[:3])}"
+           f"{' ...' if len(reports) > 3 else ''} (e.g. {bad[0][0]}: {bad[0][1]})" if bad
+           else f"its split {db.split!r} had no images")
+    return (f"{where}: the database has 0 records ({why}); nothing can be read from it. Fix "
+            "or replace the images, then write it again: `seqloader preprocess <imagenet dir> "
+            "<lmdb dir> --overwrite`")
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:

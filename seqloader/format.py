@@ -39,11 +39,12 @@ import msgpack
 import numpy as np
 
 __all__ = [
-    "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError",
+    "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError", "EmptyDatabaseError",
     "Meta", "Record", "encode_key", "decode_key", "is_record_key", "pack_record",
     "unpack_record", "pack_meta", "unpack_meta", "record_digest", "chain_checksum", "EMPTY_CHECKSUM",
     "CHECKSUM_ALGORITHM",
     "shard_path", "shard_files", "is_shard_name", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
+    "bad_files_path", "database_splits",
 ]
 
 FORMAT_NAME = "seqloader"
@@ -72,6 +73,11 @@ class FormatError(ValueError):
 
 class IncompleteError(FormatError):
     """A database whose writer has not finished (crashed, killed, or still running)."""
+
+
+class EmptyDatabaseError(FormatError):
+    """A complete database with no records (older writers left one when every source
+    image of a split was undecodable); nothing can be read from it."""
 
 
 def encode_key(index: int) -> bytes:
@@ -274,6 +280,13 @@ def db_name(split: str) -> str:
     return f"ILSVRC-{split}"
 
 
+def bad_files_path(path: str | Path) -> Path:
+    """The bad-files report of database file ``path``: ``<file>.bad-files.tsv`` beside it
+    (one line per skipped source: path, tab, reason)."""
+    path = Path(path)
+    return path.with_name(path.name + ".bad-files.tsv")
+
+
 def shard_path(out: str | Path, shard: int, num_shards: int) -> Path:
     """Path of shard ``shard`` of ``num_shards`` for the output ``out`` (``X.lmdb``).
 
@@ -307,12 +320,42 @@ def is_shard_name(name: str, out: str | Path) -> bool:
     return m is not None and m["stem"] == _stem(Path(out))
 
 
+def database_splits(folder: str | Path) -> list[str]:
+    """The splits with a database in ``folder`` (``ILSVRC-<split>.lmdb`` or its shards):
+    ``train`` and ``val`` first, then the others sorted; unfinished writes not counted."""
+    found = set()
+    prefix = db_name("")
+    for q in Path(folder).glob(f"{prefix}?*.lmdb"):
+        m = _SHARD_RE.match(q.name)
+        stem = m["stem"] if m else q.name[:-len(".lmdb")]
+        if len(stem) > len(prefix) and q.is_file():
+            found.add(stem[len(prefix):])
+    return ([s for s in ("train", "val") if s in found]
+            + sorted(s for s in found if s not in ("train", "val")))
+
+
+def _not_found(p: Path, split: str | None) -> str:
+    """Why there is no database for ``split`` (None: for any split) in folder ``p``."""
+    from .scan import image_tree_hint  # (scan knows image files; format knows databases)
+
+    hint = image_tree_hint(p)
+    if hint is not None:
+        return hint
+    found = sorted(x.name for x in p.glob("*.lmdb"))
+    pattern = ("ILSVRC-<split>.lmdb" if split is None
+               else f"{db_name(split)}.lmdb or {db_name(split)}-NNNNN-of-NNNNN.lmdb")
+    return (f"no database {'' if split is None else f'for split {split!r} '}in {p}: looked for "
+            f"{pattern}; found {found or 'no .lmdb files'}. Create it from the image folder "
+            f"with `seqloader preprocess <imagenet dir> {p}` (or preprocess_sequential.py)")
+
+
 def find_database(path: str | Path, split: str | None = None) -> list[Path]:
     """Resolve ``path`` (and optionally a split name) to the ordered list of shard files.
 
     Accepts a database file (``ILSVRC-train.lmdb``), one of its shards, or a folder
-    holding ``ILSVRC-<split>.lmdb`` or its shards.  Raises :class:`FileNotFoundError`
-    listing what was looked for, or :class:`FormatError` if shards are missing.
+    holding ``ILSVRC-<split>.lmdb`` or its shards (then ``split`` is required).  Raises
+    :class:`FileNotFoundError` listing what was looked for (or saying that the folder is
+    an image tree to preprocess), or :class:`FormatError` if shards are missing.
     """
     p = Path(path)
     if p.is_dir() and split is not None:
@@ -322,21 +365,26 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
         if single.is_file():
             return [single]
         if not shards:
-            found = sorted(x.name for x in p.glob("*.lmdb"))
             unfinished = sorted(x.name for x in p.glob(f"{glob.escape(stem)}*.lmdb.partial"))
             if unfinished:
                 raise FileNotFoundError(
                     f"split {split!r} in {p} is still being written or was interrupted: "
                     f"{unfinished[0]}{' ...' if len(unfinished) > 1 else ''}; re-run the same "
                     "preprocess_sequential.py command to finish it")
-            raise FileNotFoundError(
-                f"no database for split {split!r} in {p}: looked for {stem}.lmdb or "
-                f"{stem}-NNNNN-of-NNNNN.lmdb; found {found or 'no .lmdb files'}. Create it with "
-                f"`python preprocess_sequential.py <imagenet dir> {p}`")
+            raise FileNotFoundError(_not_found(p, split))
         return _check_shard_set(shards)
     if p.is_dir():
-        raise FileNotFoundError(f"{p} is a folder; name the split too (e.g. 'train'), or pass "
-                                "the .lmdb file itself")
+        splits = database_splits(p)
+        unfinished = sorted(x.name for x in p.glob(f"{db_name('')}?*.lmdb.partial"))
+        if not splits and unfinished:
+            raise FileNotFoundError(
+                f"{p} holds no complete database, only unfinished writes: {unfinished[0]}"
+                f"{' ...' if len(unfinished) > 1 else ''}; re-run the same "
+                "preprocess_sequential.py command to finish them")
+        if not splits:
+            raise FileNotFoundError(_not_found(p, None))
+        raise FileNotFoundError(f"{p} is a folder holding the split(s) {', '.join(splits)}; "
+                                "name the split too (e.g. 'train'), or pass the .lmdb file itself")
     if not p.exists():
         raise FileNotFoundError(f"database {p} does not exist. Create it with "
                                 "`python preprocess_sequential.py <imagenet dir> <lmdb dir>`")

@@ -56,7 +56,9 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     ``splits`` defaults to those of ``train``/``val`` that exist.  Training splits
     are shuffled with ``options.seed`` unless ``options.shuffle`` is False; other
     splits keep ImageFolder's sorted order.  ``val_labels`` labels a flat ``val``
-    folder, with the classes of ``train`` when that folder exists.
+    folder, with the classes of ``train`` when that folder exists.  Raises
+    :class:`~seqloader.writer.NoRecordsError` at a split none of whose images could be
+    stored (its bad-files report stays; splits written before it too).
     """
     root, out = Path(imagenet_dir), Path(lmdb_dir)
     opt = options or WriteOptions()

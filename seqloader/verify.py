@@ -12,7 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .database import close_env, open_database, open_env
-from .format import (EMPTY_CHECKSUM, FormatError, chain_checksum, decode_key, encode_key,
+from .format import (EMPTY_CHECKSUM, EmptyDatabaseError, FormatError, chain_checksum, decode_key, encode_key,
                      is_record_key, meta_extents, record_digest, unpack_record)
 from .pages import address, map_base
 from .images import check_stored
@@ -102,8 +102,12 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     writer's decode check (:func:`~seqloader.images.check_stored`); ``workers``
     processes (default: one per core plus one) read and check records while this one
     walks the keys in order, chains the digests and compares the record extents.
-    Finite; a file that kills a worker is reported as a problem, not raised."""
-    db = open_database(path, split)
+    Finite; a file that kills a worker, or a database of 0 records, is reported as a
+    problem, not raised."""
+    try:
+        db = open_database(path, split)
+    except EmptyDatabaseError as e:
+        return VerifyResult(0, problems=[str(e)])
     workers = workers or (os.cpu_count() or 1) + 1
     forked = _forked(workers)
     res = VerifyResult(db.num_records)

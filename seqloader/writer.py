@@ -59,19 +59,24 @@ from tqdm import tqdm
 from . import __version__
 from .database import Database, close_env, open_env, read_meta
 from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY,
-                     FormatError, Meta, Record, chain_checksum, encode_key, pack_meta,
+                     FormatError, Meta, Record, bad_files_path, chain_checksum, encode_key, pack_meta,
                      is_shard_name, pack_record, record_digest, shard_files, shard_path)
 from .pages import PAGE as _PAGE, address, map_base, unmap
 from .images import JPEGTRAN_HELP, prepare_image
 from .pool import ordered_map, ordered_process_map
 from .scan import Scan
 
-__all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "write_split",
-           "write_order"]
+__all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "NoRecordsError",
+           "write_split", "write_order"]
 
 
 class BadImageError(ValueError):
     """An undecodable source image, raised in ``strict`` mode."""
+
+
+class NoRecordsError(ValueError):
+    """Not one source image of a split could be stored (all undecodable or unreadable):
+    no database is left, only its bad-files report."""
 
 
 @dataclass
@@ -265,7 +270,7 @@ def _tsv(field: str) -> str:
 
 
 def _report_path(final: Path) -> Path:
-    return final.with_name(final.name + ".bad-files.tsv")
+    return bad_files_path(final)
 
 
 def _read_regular(path: Path) -> bytes:
@@ -606,7 +611,8 @@ def write_split(scan: Scan, out: str | Path, split: str,
     whatever the dataset size.  Resumable and crash-safe (see NOTE [ crash-safe,
     resumable writes ]).  Raises :class:`FileExistsError` rather than replacing a
     complete database written differently (pass ``overwrite``), and
-    :class:`BadImageError` in ``strict`` mode, after removing what this call wrote.
+    :class:`BadImageError` in ``strict`` mode, after removing what this call wrote, and
+    :class:`NoRecordsError` when no image could be stored (NOTE [ no records, no database ]).
     """
     opt = options or WriteOptions()
     out = Path(out)
@@ -657,12 +663,38 @@ def write_split(scan: Scan, out: str | Path, split: str,
                 _remove_db(p)
             raise
         written.append(final)
+    if report.shards and report.num_records == 0:  # NOTE [ no records, no database ]
+        for r in report.shards:
+            _remove_db(r.path)
+        raise NoRecordsError(_no_records(report, split))
     if report.bad_files:
         reports = [str(_report_path(r.path)) for r in report.shards if r.bad_files]
         warnings.warn(f"{split}: {len(report.bad_files)} file(s) could not be decoded and were "
                       f"skipped; see {', '.join(reports[:3])}"
                       f"{f' (+{len(reports) - 3} more)' if len(reports) > 3 else ''}", stacklevel=2)
     return report
+
+
+# NOTE [ no records, no database ]
+# A split whose every source failed (all undecodable: e.g. Git LFS pointers, HEIC files
+# named .jpg, a wrong folder) would otherwise be a complete database of 0 records: the
+# command succeeds and `verify` passes, and the failure only shows when training starts
+# -- far from its cause.  So it is an error here, naming the reports and the first
+# reasons, and the empty files (this run's, or an earlier version's that this run
+# would have skipped as complete) are removed: no file that looks complete is left.
+# The reports stay: they are the diagnosis.  (With --shard-ids, the rule applies to
+# the shards this run writes.)
+
+
+def _no_records(report: WriteReport, split: str) -> str:
+    bad = report.bad_files
+    reports = [str(_report_path(r.path)) for r in report.shards if r.bad_files]
+    first = "; ".join(f"{path}: {why}" for path, why in bad[:3])
+    return (f"split {split!r}: none of its {len(bad)} image(s) could be read and decoded, so "
+            f"no database was written (it would have 0 records). The reasons are listed in "
+            f"{', '.join(reports[:3])}{' ...' if len(reports) > 3 else ''}; the first: {first}"
+            f"{f' (and {len(bad) - 3} more)' if len(bad) > 3 else ''}. Check that the folder holds the real images "
+            "(not placeholders, e.g. Git LFS pointers), fix or replace them, and re-run")
 
 
 def _existing(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions) -> ShardResult:

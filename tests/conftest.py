@@ -168,3 +168,30 @@ def skip_unless_pages_can_be_dropped(tmp_path) -> None:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     if resident_fraction(probe) > 0.5:
         pytest.skip(f"{tmp_path} keeps written pages cached after fadvise(DONTNEED) (tmpfs?)")
+
+
+def junk_tree(root: Path, classes: int = 2, per_class: int = 2) -> Path:
+    """An ImageNet-layout tree ``root/train/<class>/<image>`` whose every image is
+    undecodable (text named .JPEG, as a Git LFS pointer is)."""
+    for c in range(classes):
+        d = root / "train" / f"n{c:08d}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            (d / f"img_{i}.JPEG").write_text("version https://git-lfs.github.com/spec/v1\n")
+    return root
+
+
+def old_empty_database(tmp_path: Path) -> Path:
+    """A folder holding what writers before the zero-records check left for a split whose
+    every image was undecodable: a complete ``ILSVRC-train.lmdb`` of 0 records and its
+    bad-files report (the real writer, with its removal of that file switched off)."""
+    from unittest import mock
+
+    from seqloader import NoRecordsError, WriteOptions, preprocess, writer
+
+    tree, out = junk_tree(tmp_path / "junk"), tmp_path / "old-empty"
+    with mock.patch.object(writer, "_remove_db", lambda path: None), \
+            pytest.raises(NoRecordsError):
+        preprocess(tree, out, options=WriteOptions(progress=False, workers=1))
+    assert (out / "ILSVRC-train.lmdb").is_file()
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from seqloader import bench
-from conftest import raw_items
+from conftest import old_empty_database, raw_items
 from seqloader.bench import cpu_limit, evict, measure, residency
 from seqloader.format import is_record_key
 
@@ -214,7 +214,7 @@ def test_cpu_limit_both_paths(data):
 
 @pytest.mark.parametrize("argv, needle", [
     (["{tmp}/missing.lmdb"], "missing.lmdb"),
-    (["{root}", "--loader", "seqloader"], "not a seqloader database"),
+    (["{root}", "--loader", "seqloader"], "looks like an image tree (4 class folders under train/)"),
     (["{db}", "--loader", "files"], "--files"),
     (["{db}", "--workers", "x"], "--workers"),
     (["{db}", "--mode", "bogus"], "bogus"),
@@ -271,15 +271,12 @@ def test_files_loader_skips_what_preprocessing_skipped(data, tmp_path, capsys):
 
 
 def test_empty_database_says_why_nothing_is_measured(tmp_path, capsys):
-    from seqloader import WriteOptions, preprocess
-
-    (tmp_path / "tree" / "train" / "a").mkdir(parents=True)
-    (tmp_path / "tree" / "train" / "a" / "x.JPEG").write_bytes(b"")
-    with pytest.warns(UserWarning, match="could not be decoded"):
-        preprocess(tmp_path / "tree", tmp_path / "db", options=WriteOptions(progress=False))
-    assert bench.main([str(tmp_path / "db"), "--mode", "raw", "--workers", "0",
+    # (what older writers left for a split of undecodable images; the writer now refuses)
+    db = old_empty_database(tmp_path)
+    assert bench.main([str(db), "--mode", "raw", "--workers", "0",
                        "--batches", "1", "--no-progress"]) == 2
-    assert "0 record(s) in the database make no batch of 256" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the database has 0 records" in err and "ILSVRC-train.lmdb.bad-files.tsv" in err
 
 
 def test_run_bench_raises_for_bad_path(tmp_path):
