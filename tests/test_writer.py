@@ -379,8 +379,9 @@ def test_partial_of_a_different_command_is_not_mixed_in(synth_tree, tmp_path):
     # the re-encode quality shapes the CMYK / PNG-as-JPEG records even without max_size
     with pytest.raises(FileExistsError, match="different command: .*--quality 95 then, 40 now"):
         _quiet(write_split, scan, out, "train", _opts(seed=1, quality=40))
-    with pytest.raises(FileExistsError, match="--restart-markers off then, on now"):
-        _quiet(write_split, scan, out, "train", _opts(seed=1, restart_markers=True))
+    if __import__("shutil").which("jpegtran"):  # (without it: the jpegtran error comes first)
+        with pytest.raises(FileExistsError, match="--restart-markers off then, on now"):
+            _quiet(write_split, scan, out, "train", _opts(seed=1, restart_markers=True))
     fewer = dataclasses.replace(scan, paths=scan.paths[1:], labels=scan.labels[1:])
     with pytest.raises(FileExistsError, match="the source images or their labels differ: "
                                               "files were added, removed or renamed"):
