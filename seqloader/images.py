@@ -2,13 +2,16 @@
 
 NOTE [ what gets stored ]
 By default the source file's bytes are stored untouched (no re-encode, no quality
-loss).  Three cases are re-encoded, as a baseline JPEG, so that every stored image
+loss).  These cases are re-encoded, as a baseline JPEG, so that every stored image
 decodes to a correct 3-channel RGB image with *any* JPEG decoder (OpenCV, PIL,
 nvJPEG, ``torchvision.io.decode_jpeg``) and our reduced-scale decode fast path:
 * CMYK/YCCK JPEGs (4 components; real ImageNet has 22) -> ``reencoded="cmyk"``;
 * non-JPEG data, whatever the file name (PNG saved as ``.JPEG``, BMP, ...) ->
   ``reencoded="png"`` etc.;
-* with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``.
+* with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``;
+* damaged JPEGs that decode with a warning -> ``reencoded="repaired"`` (NOTE [ damaged
+  JPEGs ]: junk dropped from the header losslessly, or re-encoded).
+Non-JPEG data is decoded by OpenCV or else Pillow; only what neither reads is refused.
 Re-encoding ignores the EXIF orientation, as PIL (torchvision's loader) and our reader
 do for every image, so a re-encoded image keeps its source's rows and columns.
 Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
