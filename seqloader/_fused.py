@@ -99,6 +99,7 @@ from typing import Any, NamedTuple
 import cv2
 import numpy as np
 
+from .decoders import imdecode_quiet
 from .images import (JpegFrame, JpegScan, indexed_marks, jpeg_frame, jpeg_scan,
                      restart_layout, restart_marks)
 
@@ -160,16 +161,30 @@ def _direct_rgb() -> bool:
 
 
 def decode(buf: np.ndarray, k: int = 1) -> np.ndarray | None:
-    """Decode encoded bytes (uint8 array) to HWC uint8 RGB at scale 1/``k``.
+    """Decode encoded bytes (uint8 array) to HWC uint8 RGB at scale 1/``k``, quietly:
+    a JPEG simplejpeg reads without a warning goes through it (the pixels OpenCV gives),
+    anything else through OpenCV with its chatter captured (NOTE [ decoder chatter ] in
+    ``decoders.py``: damaged or non-JPEG data only).
 
     EXIF orientation is ignored (as PIL, hence torchvision's default loader, does),
     so the decoded size always matches the SOF header.  None if undecodable.
     """
     if buf.size == 0:
         return None
-    if _direct_rgb():
-        return cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB | _REDUCED_GRAY[k] | _IGNORE_ORIENTATION)
-    img = cv2.imdecode(buf, _REDUCED_BGR[k] | _IGNORE_ORIENTATION)
+    if k == 1 and simplejpeg is not None and buf[:3].tobytes() == b"\xff\xd8\xff":
+        try:
+            img = simplejpeg.decode_jpeg(buf, colorspace="RGB", strict=True)
+            if img.ndim == 3 and img.shape[2] == 3:
+                return img
+        except ValueError:  # damaged, CMYK, ...: OpenCV below
+            pass
+    try:
+        if _direct_rgb():
+            return imdecode_quiet(buf, cv2.IMREAD_COLOR_RGB | _REDUCED_GRAY[k]
+                                  | _IGNORE_ORIENTATION)[0]
+        img = imdecode_quiet(buf, _REDUCED_BGR[k] | _IGNORE_ORIENTATION)[0]
+    except cv2.error:  # e.g. a header over OpenCV's size limits
+        return None
     return None if img is None else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 

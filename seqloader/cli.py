@@ -67,7 +67,9 @@ def run_preprocess(args: argparse.Namespace) -> int:
         skipped = sum(s.skipped for s in r.shards)
         print(f"{r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB in "
               f"{len(r.shards)} file(s)" + (f" ({skipped} already complete)" if skipped else "")
-              + (f"; {len(r.bad_files)} bad file(s) skipped" if r.bad_files else ""))
+              + (f"; {len(r.bad_files)} bad file(s) skipped" if r.bad_files else "")
+              + (f"; {len(r.warned_files)} file(s) stored with a decoder warning"
+                 if r.warned_files else ""))
         for s in r.shards:
             print(f"  {s.path}")
     return 0

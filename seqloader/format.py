@@ -9,8 +9,10 @@ A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
 * Each record value is a **msgpack map** ``{"image": bytes, "label": int, ...}``.
   Optional fields: ``"path"`` (the source file relative to its split folder) and
   ``"reencoded"`` (why the stored bytes are not the source file's: ``"cmyk"``,
-  ``"png"``..., ``"resized"``, or ``"restart"`` for the lossless restart-marker
-  transcode).  Readers must ignore fields they do not know.  An image with restart
+  ``"png"``, ``"bigtiff"``, ``"tga"``..., ``"resized"``, ``"restart"`` for the
+  lossless restart-marker transcode, or ``"repaired"`` for a damaged JPEG that a
+  decoder reads with a warning: its header's junk dropped, losslessly, or re-encoded
+  from what decodes -- NOTE [ damaged JPEGs ] in ``seqloader/images.py``).  Readers must ignore fields they do not know.  An image with restart
   markers may carry a restart index (an APP15 segment before its SOS, NOTE [ restart
   index ] in ``seqloader/images.py``): still a valid JPEG, which other decoders skip.
 * One **metadata** value under the key :data:`META_KEY`, also a msgpack map (see
@@ -177,6 +179,9 @@ class Meta:
     # writer progress (meaningful while complete is False)
     next_source: int = 0
     bad_files: list[list[str]] = field(default_factory=list)
+    #: ``[path, warning]`` of sources stored although a decoder warned (NOTE [ damaged
+    #: JPEGs ] in ``seqloader/images.py``); absent in files of older writers
+    warned_files: list[list[str]] = field(default_factory=list)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 

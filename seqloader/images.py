@@ -2,13 +2,16 @@
 
 NOTE [ what gets stored ]
 By default the source file's bytes are stored untouched (no re-encode, no quality
-loss).  Three cases are re-encoded, as a baseline JPEG, so that every stored image
+loss).  These cases are re-encoded, as a baseline JPEG, so that every stored image
 decodes to a correct 3-channel RGB image with *any* JPEG decoder (OpenCV, PIL,
 nvJPEG, ``torchvision.io.decode_jpeg``) and our reduced-scale decode fast path:
 * CMYK/YCCK JPEGs (4 components; real ImageNet has 22) -> ``reencoded="cmyk"``;
 * non-JPEG data, whatever the file name (PNG saved as ``.JPEG``, BMP, ...) ->
   ``reencoded="png"`` etc.;
-* with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``.
+* with ``max_size``, images whose shorter side exceeds it -> ``reencoded="resized"``;
+* damaged JPEGs that decode with a warning -> ``reencoded="repaired"`` (NOTE [ damaged
+  JPEGs ]: junk dropped from the header losslessly, or re-encoded).
+Non-JPEG data is decoded by OpenCV or else Pillow; only what neither reads is refused.
 Re-encoding ignores the EXIF orientation, as PIL (torchvision's loader) and our reader
 do for every image, so a re-encoded image keeps its source's rows and columns.
 Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
@@ -44,7 +47,6 @@ segments) get none.
 """
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -53,24 +55,39 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
+from .decoders import check_jpeg, clean_jpeg_header, decode_any, imdecode_checked
+
 __all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "jpeg_frame", "JpegFrame",
            "jpeg_scan", "JpegScan", "restart_layout", "restart_marks", "add_restart_index",
            "decode_bgr"]
 
+#: File signatures of the containers OpenCV or Pillow decode (the name is what
+#: ``reencoded`` says for a non-JPEG; a file whose signature is unknown is still
+#: offered to both decoders).
 _MAGIC = [
-    (b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"),
-    (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
+    (b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"), (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
+    (b"II+\x00", "bigtiff"), (b"MM\x00+", "bigtiff"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jp2"), (b"\xff\x4f\xff\x51", "j2k"),
+    (b"#?RADIANCE", "hdr"), (b"#?RGBE", "hdr"), (b"\x59\xa6\x6a\x95", "sunraster"),
+    (b"v/1\x01", "exr"), (b"PF\n", "pfm"), (b"Pf\n", "pfm"), (b"P7", "pam"),
 ]
+#: ISO base media (``....ftyp<brand>``) brands of still images: AVIF and HEIF.
+_FTYP = {b"avif": "avif", b"avis": "avif", b"heic": "heif", b"heix": "heif", b"mif1": "heif",
+         b"msf1": "heif"}
 
 
 def sniff_format(data: bytes) -> str:
-    """The container format from the first bytes: 'jpeg', 'png', 'webp', ... or 'unknown'."""
+    """The container format from the first bytes: 'jpeg', 'png', 'webp', 'bigtiff',
+    'jp2', ... or 'unknown'."""
     for magic, name in _MAGIC:
         if data.startswith(magic):
             return name
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
-    if data[:2] in (b"P5", b"P6", b"P2", b"P3"):
+    if data[4:8] == b"ftyp" and bytes(data[8:12]) in _FTYP:
+        return _FTYP[bytes(data[8:12])]
+    if data[:2] in (b"P1", b"P2", b"P3", b"P4", b"P5", b"P6"):
         return "pnm"
     return "unknown"
 
@@ -230,37 +247,10 @@ def _has_jpeg_end(data: bytes) -> bool:
 
 
 def decode_bgr(data: bytes | memoryview | np.ndarray, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
-    """Decode to HWC uint8 **BGR** (OpenCV order); None if OpenCV cannot decode it."""
-    return _decode(data, flags)[0]
-
-
-#: OpenCV's size limits (cv2.error from ``validateInputImageSize``) and the environment
-#: variables that raise them, read when OpenCV loads.
-_LIMIT_RE = re.compile(r"CV_IO_MAX_IMAGE_(PIXELS|WIDTH|HEIGHT)")
-
-
-def _decode(data: bytes | memoryview | np.ndarray, flags: int,
-            fmt: str = "image") -> tuple[np.ndarray | None, str | None]:
-    """(image, None) or (None, why not): ``cv2.imdecode`` on untrusted data, which returns
-    None for most damage but *raises* cv2.error for some (a header claiming more pixels
-    than OpenCV's limit, 2**30 by default): never let that escape."""
+    """Decode to HWC uint8 **BGR** (OpenCV order), quietly (NOTE [ decoder chatter ] in
+    ``decoders.py``); None if OpenCV cannot decode it."""
     buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
-    if buf.size == 0:
-        return None, "empty image"
-    try:
-        img = cv2.imdecode(buf, flags)
-    except cv2.error as e:
-        limit = _LIMIT_RE.search(str(e))
-        if limit:
-            return None, (f"image is too large for OpenCV's decoder (its header claims more "
-                          f"than OpenCV's {limit[0]} limit); if it is genuine, raise the limit "
-                          f"with the OPEN{limit[0]} environment variable (e.g. "
-                          f"OPEN{limit[0]}={1 << 32}) and preprocess again")
-        err = (getattr(e, "err", "") or str(e)).strip().splitlines()[-1:] or ["cv2.error"]
-        return None, f"{_undecodable(fmt)} ({err[0]})"
-    if img is None or img.size == 0:
-        return None, _undecodable(fmt)
-    return img, None
+    return imdecode_checked(buf, flags)[0]
 
 
 @dataclass(frozen=True)
@@ -270,6 +260,9 @@ class Prepared:
     data: bytes | None
     reencoded: str | None = None
     error: str | None = None
+    #: what a decoder warned about a source that was stored all the same (e.g. libjpeg's
+    #: "Corrupt JPEG data: 5 extraneous bytes before marker 0xc0"); None if nothing
+    warning: str | None = None
 
 
 JPEGTRAN_HELP = ("--restart-markers needs libjpeg-turbo's jpegtran on PATH (Debian/Ubuntu: "
@@ -362,14 +355,30 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
 
 
 # NOTE [ decode check ]
-# A JPEG that is stored unchanged is checked by decoding it at 1/8 scale in
-# grayscale (IMREAD_REDUCED_GRAYSCALE_8).  libjpeg still reads the headers and
-# entropy-decodes every coefficient of every component -- which is where a damaged
-# file fails -- and only the inverse DCT, upsampling and colour conversion shrink;
-# truncation is caught by the end-of-image check above (libjpeg only warns about it).
-# Images that are re-encoded (CMYK, PNG, --max-size) are decoded in full, since their
-# pixels are needed.
+# A JPEG that is stored unchanged is checked by decoding it at 1/8 scale in grey
+# (simplejpeg, strict: a libjpeg warning is an exception, not a line on stderr).
+# libjpeg still reads the headers and entropy-decodes every coefficient of every
+# component -- which is where a damaged file fails -- and only the inverse DCT,
+# upsampling and colour conversion shrink; truncation is caught by the end-of-image
+# check above (libjpeg only warns about it).  Images that are re-encoded (CMYK, PNG,
+# --max-size) are decoded in full, since their pixels are needed.
+#
+# NOTE [ damaged JPEGs ]
+# A JPEG that OpenCV or Pillow decodes is never refused, however damaged: a
+# mainstream loader would read it.  What is stored must decode with our reader --
+# which parses the header itself (``jpeg_frame``) and decodes with simplejpeg, whose
+# header reader refuses junk -- without a warning, every epoch, so:
+# * junk between the header's segments (extraneous bytes before a marker, an APPn
+#   segment whose length falls short, bytes before the SOF) is dropped and the
+#   segments kept (``clean_jpeg_header``): lossless, every pixel decodes the same;
+# * damage beyond that (in the entropy-coded data, a truncated scan that OpenCV still
+#   decodes) is re-encoded from what OpenCV, or else Pillow, decodes;
+# both get ``reencoded="repaired"`` and the decoder's warning goes into the write
+# report with the file's path.  Only a file that no decoder reads is a bad file.
 
+
+#: Warning for a JPEG whose header had junk between its segments, dropped without a decode.
+_JUNK = "Corrupt JPEG data: extraneous bytes between the header's markers (removed)"
 
 _CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
 #: A full decode, for re-encoding: EXIF orientation ignored, as for the images stored as they
@@ -380,26 +389,46 @@ _FULL_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
 _TRUNCATED = "truncated JPEG (no end-of-image marker)"
 
 
-def _undecodable(fmt: str) -> str:
-    return f"OpenCV cannot decode this {fmt.upper()} data"
-
-
-def _decode_check(data: bytes, fmt: str) -> str | None:
-    """The decode half of the check (NOTE [ decode check ]): a JPEG at 1/8 scale,
-    anything else in full; why it fails, or None."""
-    return _decode(data, _CHECK_FLAGS if fmt == "jpeg" else _FULL_FLAGS, fmt)[1]
-
-
 def check_stored(data: bytes) -> str | None:
-    """Why the stored image ``data`` would not decode, or None if it does: the same
-    checks as the writer's (NOTE [ decode check ]: a JPEG must end with EOI and decode
-    at 1/8 scale; anything else is decoded in full).  Pure and fork-safe."""
+    """Why the stored image ``data`` would not decode, or None if it does: a JPEG must
+    end with EOI and decode at 1/8 scale -- with a warning is fine, a writer with
+    ``verify=False`` may store such files -- anything else must decode in full.
+    Silent (NOTE [ decoder chatter ] in ``decoders.py``).  Pure and fork-safe."""
     if not data:
         return "empty image"
     fmt = sniff_format(data)
-    if fmt == "jpeg" and not _has_jpeg_end(data):
-        return _TRUNCATED
-    return _decode_check(data, fmt)
+    if fmt == "jpeg":
+        if not _has_jpeg_end(data):
+            return _TRUNCATED
+        ok, why = check_jpeg(data)
+        if ok:
+            return None
+        img, text = imdecode_checked(np.frombuffer(data, np.uint8), _CHECK_FLAGS, fmt)
+        return None if img is not None else text
+    img, why = imdecode_checked(np.frombuffer(data, np.uint8), _FULL_FLAGS, fmt)
+    return None if img is not None else why
+
+
+def _joined(*warnings: str | None) -> str | None:
+    """Warnings as one line, each message once."""
+    seen = dict.fromkeys(m for w in warnings if w for m in w.split("; ") if m)
+    return "; ".join(seen) or None
+
+
+def _reencoded(data: bytes, reason: str | None, *, max_size: int | None, quality: int,
+               restart: bool, error: str | None = None, warning: str | None = None) -> Prepared:
+    """``data`` decoded by OpenCV or else Pillow (:func:`~seqloader.decoders.decode_any`)
+    and re-encoded as a JPEG (shrunk with ``max_size``): ``reencoded`` is ``reason``
+    (None: the decoder's format name), "resized" if shrunk; ``error`` (else the
+    decoders' reasons) if neither reads it."""
+    bgr, text, fmt = decode_any(data, sniff_format(data))
+    if bgr is None:
+        return Prepared(None, error=error or text)
+    warning = _joined(warning, text)
+    if max_size is not None and min(bgr.shape[:2]) > max_size:
+        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized",
+                        warning=warning)
+    return Prepared(_encode_jpeg(bgr, quality, restart), reason or fmt, warning=warning)
 
 
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
@@ -407,53 +436,62 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).
 
     With ``verify`` the image is decoded (NOTE [ decode check ]) and JPEGs must end with
-    an EOI marker;
-    a failure gives ``Prepared(None, error=reason)``.  Without it, only the header is
-    inspected (a broken file may then be stored).  With ``restart`` the stored JPEG has
-    restart markers in a grid (NOTE [ what gets stored ]; JPEGs stored as they
-    are need ``jpegtran``, RuntimeError without it; ``reencoded="restart"`` marks the
-    lossless transcode).  Pure and thread-safe; OpenCV releases the GIL while
-    decoding, so threads parallelise this.
+    an EOI marker or else be read by OpenCV or Pillow all the same; a file no decoder
+    reads gives ``Prepared(None, error=reason)``, and one that decodes with a warning is
+    stored (NOTE [ damaged JPEGs ]) with the warning in ``Prepared.warning``.  Without
+    ``verify``, only the header is inspected (a broken file may then be stored).  With
+    ``restart`` the stored JPEG has restart markers in a grid (NOTE [ what gets stored
+    ]; JPEGs stored as they are need ``jpegtran``, RuntimeError without it;
+    ``reencoded="restart"`` marks the lossless transcode).  Silent (NOTE [ decoder
+    chatter ] in ``decoders.py``), pure and thread-safe; the decoders release the GIL,
+    so threads parallelise this.
     """
     if not data:
         return Prepared(None, error="empty file")
     fmt = sniff_format(data)
-    info = jpeg_info(data) if fmt == "jpeg" else None
-    if fmt == "jpeg" and info is None:
-        return Prepared(None, error="JPEG header is damaged (no frame marker)")
-    if fmt == "unknown":
-        return Prepared(None, error="not an image (unrecognised file signature)")
-    reason = None
+    opts = dict(max_size=max_size, quality=quality, restart=restart)
     if fmt != "jpeg":
-        reason = fmt
-    elif info[2] == 4:
-        reason = "cmyk"
-    elif info[2] not in (1, 3):
-        return Prepared(None, error=f"JPEG with {info[2]} colour components")
-    if fmt == "jpeg" and verify and not _has_jpeg_end(data):
-        return Prepared(None, error=_TRUNCATED)
-    small_enough = info is not None and max_size is not None and min(info[:2]) <= max_size
-    as_is = reason is None and (max_size is None or small_enough)
-    if restart and as_is:  # the one jpegtran attempt for bytes stored as they are
+        return _reencoded(data, None if fmt == "unknown" else fmt, **opts,
+                          error=None if fmt != "unknown" else
+                          "not an image (unrecognised file signature, and neither OpenCV nor "
+                          "Pillow decodes it)")
+    fixed = warning = None
+    info = jpeg_info(data)
+    if info is None:  # junk between the header's segments? (libjpeg skips it, warning)
+        clean = clean_jpeg_header(data)
+        info = None if clean is None else jpeg_info(clean)
+        if info is None:  # another decoder may still read it
+            return _reencoded(data, "repaired", **opts,
+                              error="JPEG header is damaged (no frame marker), and neither "
+                                    "OpenCV nor Pillow decodes it")
+        fixed, warning = "repaired", (check_jpeg(data)[1] if verify else None) or _JUNK
+        data = clean
+    if info[2] == 4:
+        return _reencoded(data, "cmyk", **opts, warning=warning)
+    if info[2] not in (1, 3):
+        return _reencoded(data, "repaired", **opts, warning=warning,
+                          error=f"JPEG with {info[2]} colour components")
+    if verify and not _has_jpeg_end(data):  # libjpeg 'decodes' it, grey below; OpenCV 5 not
+        return _reencoded(data, "repaired", **opts, error=_TRUNCATED,
+                          warning=_joined(warning, _TRUNCATED))
+    small_enough = max_size is None or min(info[:2]) <= max_size
+    if restart and small_enough:  # the one jpegtran attempt for bytes stored as they are
         if restart_grid(data):  # markers there already: only an index, and checked below
             data = add_restart_index(data)
         else:
             out = add_restart_markers(data)
             if out is not data:  # jpegtran decoded all of it without a warning: checked
-                return Prepared(out, "restart")
-    need_pixels = reason is not None or verify or (max_size is not None and not small_enough)
-    if not need_pixels:
-        return Prepared(data)
-    if as_is:  # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
-        why = _decode_check(data, fmt)
-        return Prepared(data) if why is None else Prepared(None, error=why)
-    bgr, why = _decode(data, _FULL_FLAGS, fmt)
-    if bgr is None:
-        return Prepared(None, error=why)
-    if max_size is not None and min(bgr.shape[:2]) > max_size:
-        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized")
-    if reason is not None:
-        return Prepared(_encode_jpeg(bgr, quality, restart), reason)
-    # the header said larger than max_size, the pixels do not: kept as they are
-    out = add_restart_markers(data) if restart else data
-    return Prepared(out, None if out is data else "restart")
+                return Prepared(out, fixed or "restart", warning=warning)
+    if not small_enough:  # pixels needed: decoded in full, quietly, and shrunk
+        return _reencoded(data, fixed, **opts, warning=warning)
+    if verify:  # stored as is: only checked, at 1/8 scale (NOTE [ decode check ])
+        ok, why = check_jpeg(data)
+        if not ok:  # NOTE [ damaged JPEGs ]
+            clean = clean_jpeg_header(data)
+            if clean is not None and check_jpeg(clean)[0]:
+                data, fixed, warning = clean, "repaired", why
+            else:
+                return _reencoded(data, "repaired", **opts, error=why, warning=why)
+    if restart and fixed and not restart_grid(data):
+        data = add_restart_markers(data)
+    return Prepared(data, fixed, warning=warning)

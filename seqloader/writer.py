@@ -130,6 +130,8 @@ class ShardResult:
     bad_files: list[list[str]]
     seconds: float
     skipped: bool = False  # already complete from an earlier run
+    #: ``[path, warning]``: stored although a decoder warned (NOTE [ damaged JPEGs ])
+    warned_files: list[list[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -144,6 +146,10 @@ class WriteReport:
     @property
     def bad_files(self) -> list[list[str]]:
         return [b for s in self.shards for b in s.bad_files]
+
+    @property
+    def warned_files(self) -> list[list[str]]:
+        return [b for s in self.shards for b in s.warned_files]
 
     @property
     def image_bytes(self) -> int:
@@ -161,7 +167,7 @@ def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
 _ACTIVE: "_ShardWriter | None" = None  # the writer whose sources forked workers prepare
 
 
-def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str]:
+def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str, str | None]:
     return _ACTIVE._prepare(pos)
 
 
@@ -286,17 +292,24 @@ def _read_regular(path: Path) -> bytes:
         return f.read()
 
 
-def _write_report(final: Path, bad_files: list[list[str]]) -> None:
-    """The bad-files report of ``final`` (none if there are none), replaced atomically and
-    synced: written before ``final`` appears, so a complete database never lacks it (the
-    rename's directory sync covers its name too)."""
+#: How the bad-files report marks a file that was stored although a decoder warned.
+WARNED = "stored, but a decoder warned: "
+
+
+def _write_report(final: Path, bad_files: list[list[str]],
+                  warned_files: list[list[str]] = ()) -> None:
+    """The bad-files report of ``final`` (none if there are none): the skipped files,
+    then those stored although a decoder warned (reason ``WARNED`` + the warning);
+    replaced atomically and synced: written before ``final`` appears, so a complete
+    database never lacks it (the rename's directory sync covers its name too)."""
     report = _report_path(final)
-    if not bad_files:
+    rows = list(bad_files) + [[p, WARNED + w] for p, w in warned_files]
+    if not rows:
         report.unlink(missing_ok=True)
         return
     tmp = report.with_name(report.name + ".partial")
     with open(tmp, "w") as f:
-        f.write("".join(f"{_tsv(p)}\t{_tsv(r)}\n" for p, r in bad_files))
+        f.write("".join(f"{_tsv(p)}\t{_tsv(r)}\n" for p, r in rows))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, report)
@@ -346,21 +359,22 @@ class _ShardWriter:
         assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm
         return meta
 
-    def _prepare(self, pos: int) -> tuple[int, bytes | None, bytes | str]:
-        """(position, record value, digest) or (position, None, error reason)."""
+    def _prepare(self, pos: int) -> tuple[int, bytes | None, bytes | str, str | None]:
+        """(position, record value, digest, decoder warning or None) or (position, None,
+        error reason, None)."""
         i = int(self.order[pos])
         rel = self.scan.paths[i]
         try:
             data = _read_regular(self.scan.root / rel)
         except OSError as e:
-            return pos, None, f"cannot read: {e.strerror or e}"
+            return pos, None, f"cannot read: {e.strerror or e}", None
         p = prepare_image(data, verify=self.opt.verify, max_size=self.opt.max_size,
                           quality=self.opt.quality, restart=self.opt.restart_markers)
         if p.data is None:
-            return pos, None, p.error or "unknown error"
+            return pos, None, p.error or "unknown error", None
         value = pack_record(Record(p.data, int(self.scan.labels[i]),
                                    stored_name(rel) if self.opt.store_paths else None, p.reencoded))
-        return pos, value, record_digest(value)  # CHECKSUM_ALGORITHM: see _load_or_start
+        return pos, value, record_digest(value), p.warning  # CHECKSUM_ALGORITHM: _load_or_start
 
     def _labels(self, start: int, stop: int, meta: Meta) -> bytes:
         """The labels of the stored records, in record order (int32 little-endian)."""
@@ -523,7 +537,7 @@ class _ShardWriter:
                 meta.extents = self._relocate_small(env, ext).tobytes()
             self._commit(env, [], meta)
             env.sync(True)
-            _write_report(self.final, meta.bad_files)  # before the rename: never lost
+            _write_report(self.final, meta.bad_files, meta.warned_files)  # before the rename
         except BaseException:
             if env is not None:
                 env.close()
@@ -543,7 +557,7 @@ class _ShardWriter:
         finally:
             os.close(dirfd)
         return ShardResult(self.final, meta.num_records, meta.image_bytes, meta.bad_files,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, warned_files=meta.warned_files)
 
     def _write_records(self, env: lmdb.Environment, meta: Meta, start: int, stop: int) -> None:
         opt = self.opt
@@ -563,12 +577,13 @@ class _ShardWriter:
             nonlocal inflight, pending, pending_bytes
             if inflight is not None:
                 inflight.result()
-            snapshot = dataclasses.replace(meta, bad_files=list(meta.bad_files))
+            snapshot = dataclasses.replace(meta, bad_files=list(meta.bad_files),
+                                           warned_files=list(meta.warned_files))
             inflight = committer.submit(self._commit, env, pending, snapshot)
             pending, pending_bytes = [], 0
 
         try:
-            for pos, value, digest in self._prepared(positions):
+            for pos, value, digest, warned in self._prepared(positions):
                 if value is None:
                     path = self.scan.paths[int(self.order[pos])]
                     if opt.strict:
@@ -576,6 +591,9 @@ class _ShardWriter:
                                             "the file, or drop --strict to skip bad files")
                     meta.bad_files.append([stored_name(path), str(digest)])
                 else:
+                    if warned:
+                        path = self.scan.paths[int(self.order[pos])]
+                        meta.warned_files.append([stored_name(path), warned])
                     key = encode_key(meta.num_records)
                     pending.append((key, value))
                     pending_bytes += len(value)
@@ -667,10 +685,14 @@ def write_split(scan: Scan, out: str | Path, split: str,
         for r in report.shards:
             _remove_db(r.path)
         raise NoRecordsError(_no_records(report, split))
-    if report.bad_files:
-        reports = [str(_report_path(r.path)) for r in report.shards if r.bad_files]
-        warnings.warn(f"{split}: {len(report.bad_files)} file(s) could not be decoded and were "
-                      f"skipped; see {', '.join(reports[:3])}"
+    if report.bad_files or report.warned_files:
+        reports = [str(_report_path(r.path)) for r in report.shards
+                   if r.bad_files or r.warned_files]
+        said = [f"{len(report.bad_files)} file(s) could not be decoded and were skipped"
+                * bool(report.bad_files),
+                f"{len(report.warned_files)} file(s) decoded with a warning and were stored"
+                * bool(report.warned_files)]
+        warnings.warn(f"{split}: {'; '.join(s for s in said if s)}; see {', '.join(reports[:3])}"
                       f"{f' (+{len(reports) - 3} more)' if len(reports) > 3 else ''}", stacklevel=2)
     return report
 
@@ -719,4 +741,5 @@ def _existing(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions) -> S
                               f"{_report_path(final)}; pass --overwrite to write it again with "
                               "--strict (it stops at the first bad file), or run without "
                               "--strict to accept it")
-    return ShardResult(final, meta.num_records, meta.image_bytes, meta.bad_files, 0.0, skipped=True)
+    return ShardResult(final, meta.num_records, meta.image_bytes, meta.bad_files, 0.0, skipped=True,
+                       warned_files=meta.warned_files)
