@@ -87,6 +87,21 @@ below the box still need not be decoded.  :meth:`FusedPipeline.warps` decides wh
 from the plan, and :meth:`FusedPipeline._render` follows the same decision.  Measured
 (``benchmarks/decode_floor.py``, 1200x900 photos with markers, RandomResizedCrop(224)):
 the decoded region fell from 1.13x to 1.09x the crop's MCUs with the slice's reach.
+
+NOTE [ exact evaluation crops ]
+Resize + CenterCrop's crop box falls on fractional source pixels.  Rounding it to whole
+(decoded) pixels and resizing only the box -- ``eval_mode="approximate"`` -- shifts and
+stretches the sample by up to half a source pixel per edge (k/2 at a 1/k decode, whose
+DCT scaling is itself ~2.7 grey levels from a 2x box reduction on detailed photos):
+measured 2.6-2.9 grey levels mean on detailed ~500x375 photos at 256/224, single pixels
+far more.  Validation figures are compared with published ones, so by default
+(``"exact"``) the plan is the unfused transforms': decode at full scale, resize the whole
+image, crop.  Only the rows above the crop's bottom plus :func:`top_reach` are decoded
+(NOTE [ row-limited decode ]) and resized, all columns: OpenCV maps an output row to
+its source position from the scale and the origin, both the same for the image's top
+rows as for the whole image (same for the halvings, which pair rows from the top), so
+those rows are bit-identical (:func:`resize_top`; tested at every cut residue).  Not
+for bicubic/lanczos/nearest-exact (:data:`TOP_MODES`): those decode the whole image.
 """
 from __future__ import annotations
 
@@ -108,6 +123,8 @@ try:
 except ImportError:  # a declared dependency; without it OpenCV decodes every image whole
     simplejpeg = None
 
+#: How :class:`FusedPipeline` renders Resize + CenterCrop (NOTE [ exact evaluation crops ])
+EVAL_MODES = ("exact", "approximate")
 MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos")
 _UP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "box": cv2.INTER_AREA,
        "lanczos": cv2.INTER_LANCZOS4}
@@ -428,14 +445,62 @@ def resize(src: np.ndarray, out_h: int, out_w: int, mode: str, antialias: bool,
     return _check(cv2.resize(src, (out_w, out_h), dst=dst, interpolation=flag), dst)
 
 
-def _halve(src: np.ndarray, out_h: int, out_w: int) -> tuple[np.ndarray, float, float]:
+def resize_top(src: np.ndarray, extent: tuple[int, int], out_h: int, out_w: int, mode: str,
+               antialias: bool) -> np.ndarray:
+    """The top rows of ``resize(whole, out_h, out_w, ...)`` for an image ``whole`` of
+    ``extent`` (h, w) whose rows ``[0, len(src))`` (all columns) are ``src``: every
+    output row whose inputs -- :func:`top_reach` source rows below it -- are in ``src``
+    has exactly the whole resize's pixels (OpenCV maps output to source positions from
+    the scale and the origin, both the same here).  NOTE [ exact evaluation crops ]"""
+    eh, ew = extent
+    if src.shape[0] == eh:
+        return resize(src, out_h, out_w, mode, antialias)
+    if mode not in TOP_MODES:
+        raise ValueError(f"resize_top: {mode!r} needs the whole image (TOP_MODES)")
+    if src.shape[1] != ew or src.shape[0] > eh:
+        raise ValueError(f"resize_top: {src.shape[:2]} is not the top of a {extent} image")
+    if mode == "box" and (out_h < eh) != (out_w < ew) and out_h != eh and out_w != ew:
+        raise ValueError("resize_top: 'box' with one axis growing needs the whole image")
+    if src.ndim == 3 and src.shape[2] == 1:
+        return resize_top(src[..., 0], extent, out_h, out_w, mode, antialias)[..., None]
+    ey, ex = float(eh), float(ew)
+    if mode == "nearest":
+        flag = cv2.INTER_NEAREST
+    elif mode == "box":
+        flag = cv2.INTER_AREA
+    else:
+        flag = cv2.INTER_LINEAR
+        if antialias and (out_h < eh or out_w < ew):
+            src, ey, ex = _halve(src, out_h, out_w, ey, ex)
+            src = _prefilter(src, out_h, out_w, ey, ex)
+    return cv2.resize(src, None, fx=out_w / ex, fy=out_h / ey, interpolation=flag)[:, :out_w]
+
+
+#: Modes whose OpenCV resize of an image's top rows is the top of the whole image's: not
+#: INTER_NEAREST_EXACT (its mapping comes from the sizes, not the scale) nor INTER_CUBIC /
+#: INTER_LANCZOS4 (rows differ by 1 grey level depending on the output's height: measured
+#: far from the cut, single-threaded too)
+TOP_MODES = frozenset(("bilinear", "box", "nearest"))
+
+
+def top_reach(height: int, out_h: int) -> int:
+    """Source rows below an output row's position that :func:`resize_top` may read:
+    the widest kernel (Lanczos, 4 px) + the prefilter's 1 + rounding and an odd last
+    row, in halved px (<= the scale factor source px each)."""
+    return 6 * max(1, math.ceil(height / out_h)) + 2
+
+
+def _halve(src: np.ndarray, out_h: int, out_w: int, ey: float | None = None,
+           ex: float | None = None) -> tuple[np.ndarray, float, float]:
     """Exact 2x box reductions of each axis while the source is >= 2x the target there.
     INTER_LINEAR at exactly 2x averages pixel pairs; an odd length's last row/column
     becomes a pixel of its own (averaged with itself), so nothing is dropped, and the
     source's extent in halved pixels (e.g. 499.5 for 999 px) is returned with the
     result: ``(halved, extent_h, extent_w)``, which the final resample maps the
-    output onto."""
-    ey, ex = float(src.shape[0]), float(src.shape[1])
+    output onto.  ``ey``/``ex``: the source's extent when ``src`` is only its top
+    (:func:`resize_top`)."""
+    ey = float(src.shape[0]) if ey is None else ey
+    ex = float(src.shape[1]) if ex is None else ex
     while True:
         h, w = src.shape[:2]
         hy, hx = ey >= 2 * out_h, ex >= 2 * out_w
@@ -640,13 +705,19 @@ class FusedPipeline:
                  mode: str, antialias: bool, flip_p: float | None, to_tensor: bool,
                  mean: tuple[float, ...] | None, std: tuple[float, ...] | None,
                  output: str = "float", reduced_decode: bool = True,
-                 partial_decode: bool = True) -> None:
+                 partial_decode: bool = True, eval_mode: str = "exact") -> None:
+        if eval_mode not in EVAL_MODES:
+            raise ValueError(f"eval_mode={eval_mode!r}: use one of {', '.join(EVAL_MODES)}")
         self.geometry, self.out_hw = geometry, (int(out_hw[0]), int(out_hw[1]))
         self.mode, self.antialias, self.flip_p = mode, antialias, flip_p
         self.to_tensor, self.mean, self.std = to_tensor, mean, std
+        if output not in ("float", "uint8"):
+            raise ValueError(f"output={output!r}: use 'float' or 'uint8'")
+        self.output = output
         to_float = self.to_float = to_tensor and output == "float"
         self.reduced_decode = bool(reduced_decode)
         self.partial_decode = bool(partial_decode)
+        self.eval_mode = eval_mode
         h, w = self.out_hw
         self.out_shape = (3, h, w) if to_float else (h, w, 3)
         self.out_dtype = np.dtype(np.float32 if to_float else np.uint8)
@@ -665,7 +736,16 @@ class FusedPipeline:
     def __repr__(self) -> str:
         return (f"FusedPipeline({self.geometry!r}, out_shape={self.out_shape}, "
                 f"out_dtype={self.out_dtype}, flip_p={self.flip_p}, mode={self.mode!r}, "
-                f"reduced_decode={self.reduced_decode}, partial_decode={self.partial_decode})")
+                f"reduced_decode={self.reduced_decode}, partial_decode={self.partial_decode}, "
+                f"eval_mode={self.eval_mode!r})")
+
+    def with_output(self, output: str) -> FusedPipeline:
+        """The same pipeline writing ``output`` ('float' or 'uint8', as
+        :func:`~seqloader.transforms.compile_fused` takes it)."""
+        return FusedPipeline(self.geometry, self.out_hw, mode=self.mode, antialias=self.antialias,
+                             flip_p=self.flip_p, to_tensor=self.to_tensor, mean=self.mean,
+                             std=self.std, output=output, reduced_decode=self.reduced_decode,
+                             partial_decode=self.partial_decode, eval_mode=self.eval_mode)
 
     def device_normalize(self) -> Any:
         """For uint8 output of a recipe with ToTensor: the
@@ -693,7 +773,8 @@ class FusedPipeline:
         flip = bool(rng.random() < self.flip_p) if self.flip_p is not None else False
         if isinstance(geo, ResizeCropGeometry):
             nh, nw = resized_size(height, width, geo.size, geo.max_size)
-            if (nh > height and nw < width) or (nh < height and nw > width):
+            if (self.eval_mode == "exact" or (nh > height and nw < width)
+                    or (nh < height and nw > width)):
                 return FusedPlan(height, width, win, flip, 1, (nh, nw))
         k = 1
         if jpeg and self.can_reduce:
@@ -704,6 +785,14 @@ class FusedPipeline:
                     k = cand
                     break
         return FusedPlan(height, width, win, flip, k)
+
+    def _resizes_top(self, p: FusedPlan) -> bool:
+        """Whether :func:`resize_top` can render ``p`` from rows above the crop's bottom
+        (:data:`TOP_MODES`, but not 'box' with one axis growing: it shrinks an axis first)."""
+        nh, nw = p.resized
+        return self.mode in TOP_MODES and not (
+            self.mode == "box" and (nh < p.height) != (nw < p.width)
+            and nh != p.height and nw != p.width)
 
     def warps(self, p: FusedPlan) -> bool:
         """Whether rendering ``p`` samples its box in place (an upscale of a box that does
@@ -763,6 +852,9 @@ class FusedPipeline:
         region, scan = Region(0, frame.height, 0, frame.width), None
         if self.partial_decode and p.resized is None:
             region, scan = self.decode_window(buf, frame, p)
+        elif self.partial_decode and self._resizes_top(p):  # rows from the top, all columns
+            reach = top_reach(frame.height, p.resized[0])
+            region = Region(0, decoded_rows(frame, 1, p.window.y1, reach), 0, frame.width)
         return PreparedSample(buf, frame, p, region, scan, None)
 
     def finish(self, prep: PreparedSample, out: np.ndarray) -> None:
@@ -810,10 +902,14 @@ class FusedPipeline:
             canvas.fill(0)
         dst = canvas[win.oy0:win.oy1, win.ox0:win.ox1] if padded else canvas
         rh, rw = dst.shape[:2]
-        if p.resized is not None:  # the whole (decoded) image resized, then cropped
+        if p.resized is not None:  # the whole image resized (its top rows), then cropped
             nh, nw = p.resized
             (ry0, ry1, _, _), (rx0, rx1, _, _) = _axis(nh, oh), _axis(nw, ow)
-            np.copyto(dst, resize(img, nh, nw, self.mode, self.antialias)[ry0:ry1, rx0:rx1])
+            if (reg.top, reg.left, reg.right, dw) == (0, 0, p.width, p.width) and dh <= p.height:
+                top = resize_top(img, (p.height, p.width), nh, nw, self.mode, self.antialias)
+            else:  # (never seen: a decoder that disagrees with the header)
+                top = resize(img, nh, nw, self.mode, self.antialias)
+            np.copyto(dst, top[ry0:ry1, rx0:rx1])
         elif self.warps(p) and not all(float(v).is_integer() for v in box):
             # upscaling a fractional box (Resize + CenterCrop): sample it exactly, with
             # the same pixel-centre mapping (and border clamp) as resizing the whole image

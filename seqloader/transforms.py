@@ -376,8 +376,8 @@ def _is_torchvision(t: Any) -> bool:
 
 
 def compile_fused(transform: Any, *, output: str = "float",
-                  reduced_decode: bool = True,
-                  partial_decode: bool = True) -> FusedPipeline | None:
+                  reduced_decode: bool = True, partial_decode: bool = True,
+                  eval_mode: str = "exact") -> FusedPipeline | None:
     """A :class:`FusedPipeline` for the standard recipes, else None (use the generic path).
 
     Recognised (seqloader classes, or the same torchvision v1 classes, converted; the
@@ -394,12 +394,23 @@ def compile_fused(transform: Any, *, output: str = "float",
     ``partial_decode=False`` decoding only the rows above the crop's bottom (NOTE
     [ row-limited decode ] in ``seqloader/_fused.py``; never changes a pixel); both are
     for comparisons.
+    ``eval_mode`` (Resize + CenterCrop only): ``"exact"`` gives the unfused transforms'
+    pixels (bit-identical: the top rows of the whole image are resized, then cropped);
+    ``"approximate"`` resizes only the crop box rounded to whole decoded pixels, from a
+    reduced-scale decode where the box allows -- faster, but a few grey levels off on
+    detailed photos (NOTE [ exact evaluation crops ] in ``seqloader/_fused.py``).
+    A :class:`FusedPipeline` passed as ``transform`` is returned as it is (rebuilt for
+    another ``output``), so the Loader takes e.g. ``compile_fused(recipe,
+    eval_mode="approximate")`` as its transform.
     The pipeline consumes ``rng`` exactly as ``transform(img, rng)`` would, and gives
-    the same pixels when no reduced decode applies (RandomResizedCrop) or up to
-    sub-pixel crop rounding (Resize + CenterCrop downscales).
+    the same pixels when no reduced decode applies (RandomResizedCrop: otherwise
+    README "Transforms" has the distance) and, for Resize + CenterCrop, in
+    ``eval_mode="exact"``.
     """
     if output not in ("float", "uint8"):
         raise ValueError(f"output={output!r}: use 'float' or 'uint8'")
+    if isinstance(transform, FusedPipeline):
+        return transform if transform.output == output else transform.with_output(output)
     if _is_torchvision(transform):
         transform = _from_torchvision(transform)
     if not isinstance(transform, Compose):
@@ -427,7 +438,8 @@ def compile_fused(transform: Any, *, output: str = "float",
         return None
     return FusedPipeline(geometry, out_hw, mode=first.interpolation, antialias=first.antialias,
                          flip_p=flip_p, to_tensor=to_tensor, mean=mean, std=std, output=output,
-                         reduced_decode=reduced_decode, partial_decode=partial_decode)
+                         reduced_decode=reduced_decode, partial_decode=partial_decode,
+                         eval_mode=eval_mode)
 
 
 _TV_NAMES = ("Compose", "RandomResizedCrop", "RandomHorizontalFlip", "Resize", "CenterCrop",

@@ -434,10 +434,13 @@ def test_fused_matches_unfused(jpegs, kind):
 def test_reduced_decode_used_only_when_allowed(jpegs):
     big, small = jpegs[2], jpegs[0]  # 1200x900, 500x375
     rng = np.random.default_rng
-    assert compile_fused(val_recipe(128, 112)).plan(900, 1200, rng(0)).k == 4
-    assert compile_fused(val_recipe(128, 112), reduced_decode=False).plan(900, 1200, rng(0)).k == 1
+    approx = {"eval_mode": "approximate"}
+    assert compile_fused(val_recipe(128, 112), **approx).plan(900, 1200, rng(0)).k == 4
+    assert compile_fused(val_recipe(128, 112), reduced_decode=False,
+                         **approx).plan(900, 1200, rng(0)).k == 1
+    assert compile_fused(val_recipe(128, 112)).plan(900, 1200, rng(0)).k == 1  # exact: never
     for recipe in (val_recipe(), train_recipe()):
-        pipe = compile_fused(recipe)
+        pipe = compile_fused(recipe, **approx)
         assert all(pipe.plan(375, 500, rng(s)).k == 1 for s in range(100))
     pipe = compile_fused(train_recipe())
     ks = [pipe.plan(900, 1200, rng(s)) for s in range(300)]
@@ -448,10 +451,11 @@ def test_reduced_decode_used_only_when_allowed(jpegs):
     no_aa = compile_fused(train_recipe(antialias=False))
     assert all(no_aa.plan(900, 1200, rng(s)).k == 1 for s in range(50))
     # reduced decode changes the pixels only slightly
-    red, full = compile_fused(val_recipe(128, 112)), compile_fused(val_recipe(128, 112),
-                                                                   reduced_decode=False)
+    red, full = (compile_fused(val_recipe(128, 112), **approx),
+                 compile_fused(val_recipe(128, 112), reduced_decode=False, **approx))
     assert np.abs(_run(red, big, 0) - _run(full, big, 0)).mean() < 0.05
-    red, full = compile_fused(val_recipe()), compile_fused(val_recipe(), reduced_decode=False)
+    red, full = (compile_fused(val_recipe(), **approx),
+                 compile_fused(val_recipe(), reduced_decode=False, **approx))
     assert np.array_equal(_run(red, small, 0), _run(full, small, 0))
 
 
@@ -555,7 +559,9 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     decode's sample, at every scale, chroma layout and resampling kernel."""
     from seqloader import _fused
     from seqloader.images import jpeg_frame
-    part, whole = compile_fused(recipe), compile_fused(recipe, partial_decode=False)
+    approx = {"eval_mode": "approximate"}  # (the exact one: test_exact_eval_*)
+    part, whole = (compile_fused(recipe, **approx),
+                   compile_fused(recipe, partial_decode=False, **approx))
     stopped = started = narrowed = warped = 0
     for name, data in _variants(index=True).items():
         frame = jpeg_frame(data)
@@ -918,9 +924,9 @@ def test_only_fractional_upscales_are_sampled_in_place():
         up += p.window.y1 - p.window.y0 < 224
         assert not rrc.warps(p)
     assert up > 5  # upscaled crops were among them
-    val = compile_fused(Compose([Resize(400), CenterCrop(380)]))
+    val = compile_fused(Compose([Resize(400), CenterCrop(380)]), eval_mode="approximate")
     assert val.warps(val.plan(375, 500, np.random.default_rng(0)))
-    shrink = compile_fused(val_recipe())  # Resize(256) of a larger image: cut out
+    shrink = compile_fused(val_recipe(), eval_mode="approximate")  # Resize(256): cut out
     assert not shrink.warps(shrink.plan(375, 500, np.random.default_rng(0)))
 
 
