@@ -217,7 +217,7 @@ def _status(e: BaseException) -> int | None:
     """The HTTP status behind ``e`` (aiohttp's, botocore's), following its causes."""
     seen = 0
     while e is not None and seen < 8:
-        status = getattr(e, "status", None) or getattr(e, "code", None)
+        status = getattr(e, "status", None)  # (not `code`: aiohttp's payload errors carry 400)
         if isinstance(status, int) and 100 <= status < 600:
             return status
         resp = getattr(e, "response", None)
@@ -338,7 +338,8 @@ def open_remote(url: str, split: str | None, options: RemoteOptions, *,
 
     def one(u: str) -> tuple[RemoteFile, Meta]:
         f = _stat(u, options)
-        value = lookup_first_leaf(f.fetch, f.size, META_KEY, where=safe_url(u))
+        value = lookup_first_leaf(lambda o, n: f.fetch(o, o + n), f.size, META_KEY,
+                                  where=safe_url(u))
         return f, unpack_meta(value, where=safe_url(u), require_complete=require_complete)
 
     with ThreadPoolExecutor(min(16, len(urls)), thread_name_prefix="seqloader-open") as pool:
