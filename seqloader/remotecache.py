@@ -15,7 +15,8 @@ when opened, so a changed file never reuses old blocks.
 * Checked before use: the file's size must be the block's plus the trailer, and the
   CRC must match (~0.7 ms per MiB: cheap next to a GET); a bad block is removed and
   fetched again.
-* Bounded: ``<dir>/usage`` holds the bytes added since the last scan; when it passes
+* Bounded: ``<dir>/usage`` holds the cache's size at the last scan plus the bytes
+  added since (an over-estimate when two ranks stored the same block); when it passes
   the limit, the writer scans the cache and removes the least recently used blocks
   (a hit touches its file's mtime) down to 90 % of it.  Survives restarts: the files
   are the state; temporary files of a killed writer are removed by a later scan.
