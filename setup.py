@@ -21,8 +21,10 @@ setup(
     ],
     extras_require={
         # pillow: writes the CMYK JPEGs of the synthetic dataset (OpenCV cannot)
-        "test": ["pytest>=7", "pillow>=9"],
+        "test": ["pytest>=7", "pillow>=9", "moto[server]>=5"],
         "plot": ["matplotlib>=3.5"],
+        # reading databases at URLs (s3://, https://, ...: any fsspec protocol)
+        "remote": ["fsspec>=2023.1", "s3fs>=2023.1", "aiohttp>=3.8"],
     },
     entry_points={"console_scripts": ["seqloader=seqloader.cli:main"]},
 )

@@ -638,6 +638,14 @@ def _db_records(db: Any, indices: Iterable[int]) -> list[bytes]:
     from .database import close_env, open_env
     from .format import encode_key
 
+    if db.remote is not None:  # ranged GETs (NOTE [ remote reading ])
+        from .reader import RangeReader
+
+        reader = RangeReader(db)
+        try:
+            return [bytes(reader.get(int(i))) for i in indices]
+        finally:
+            reader.close()
     out = []
     offsets = db.offsets
     envs = [open_env(p) for p in db.paths]
@@ -889,15 +897,20 @@ class _Sources:
         from .format import database_splits
         from .scan import image_tree_hint
 
-        p = Path(args.path)
-        if not p.exists():
+        from .remote import is_url
+
+        remote = is_url(args.path)  # a database at a URL (NOTE [ remote reading ])
+        p = args.path if remote else Path(args.path)
+        if not remote and not p.exists():
             raise FileNotFoundError(f"{p} does not exist (expected a seqloader database or a "
                                     "class-folder tree)")
-        if args.split is None and not p.is_file():  # (the rule of info and verify, first split)
-            args.split = (database_splits(p) or ["train"])[0]
+        if args.split is None and not remote and not p.is_file():
+            args.split = (database_splits(p) or ["train"])[0]  # (info and verify's rule)
+        elif args.split is None and remote and not p.endswith(".lmdb"):
+            args.split = "train"
         self.db = None
         self.db_path = p
-        is_db = p.is_file() or (p.is_dir() and any(p.glob(f"ILSVRC-{args.split}*.lmdb")))
+        is_db = remote or p.is_file() or (p.is_dir() and any(p.glob(f"ILSVRC-{args.split}*.lmdb")))
         if is_db:  # a file of another split than --split is an error
             self.db = open_database(p, args.split)
             if args.split is None:  # a file, no --split: its own

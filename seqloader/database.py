@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import os
 
@@ -17,6 +18,9 @@ import numpy as np
 
 from .format import (META_KEY, EmptyDatabaseError, FormatError, Meta, Record, bad_files_path,
                      db_name, encode_key, find_database, unpack_meta, unpack_record)
+
+if TYPE_CHECKING:  # (imported when a URL is opened)
+    from .remote import RemoteOptions, RemoteSource
 
 __all__ = ["Database", "open_env", "close_env", "read_meta", "open_database", "empty_reason"]
 
@@ -107,6 +111,9 @@ class Database:
     #: each file's (device, inode, size, mtime in ns) when its metadata was read: readers
     #: that open the files later check them (:func:`check_identity`); None: unchecked
     identities: tuple[tuple[int, int, int, int], ...] | None = None
+    #: set for a database at URLs (``paths`` then holds the URLs): the files as opened
+    #: and how to read them (:mod:`seqloader.remote`)
+    remote: "RemoteSource | None" = None
 
     @property
     def num_records(self) -> int:
@@ -141,6 +148,8 @@ class Database:
 
     @property
     def file_bytes(self) -> int:
+        if self.remote is not None:
+            return sum(f.size for f in self.remote.files)
         return sum(p.stat().st_size for p in self.paths)
 
     def __len__(self) -> int:
@@ -149,6 +158,8 @@ class Database:
     def first_record(self) -> Record:
         """Record 0 of the first shard (opened and closed for this call); FormatError
         naming the file if it is missing or damaged."""
+        if self.remote is not None:
+            return self._first_remote_record()
         env = open_env(self.paths[0])
         try:
             with env.begin() as txn:
@@ -157,15 +168,38 @@ class Database:
             close_env(env)
 
 
+    def _first_remote_record(self) -> Record:
+        from .format import meta_extents
+        from .remote import safe_url
+
+        f = self.remote.files[0]
+        ext = meta_extents(self.metas[0], f.size, where=safe_url(f.url))
+        if ext is None or not len(ext):
+            raise FormatError(f"{safe_url(f.url)} holds no records")
+        off, n = int(ext["offset"][0]), int(ext["length"][0])
+        return unpack_record(f.fetch(off, off + n), where=f"{safe_url(f.url)} record 0")
+
+
 def open_database(path: str | Path, split: str | None = None, *,
-                  require_complete: bool = True, require_records: bool = True) -> Database:
+                  require_complete: bool = True, require_records: bool = True,
+                  remote: "RemoteOptions | None" = None) -> Database:
     """Find and check the shard files of a database (see :func:`~seqloader.format.find_database`).
 
-    Raises :class:`FormatError` if shards disagree (different writer runs, classes or
+    ``path`` may be a URL (``s3://bucket/imagenet``, ``https://...``, any fsspec
+    protocol; NOTE [ remote reading ] in :mod:`seqloader.remote`), read as ``remote``
+    says (default :class:`~seqloader.remote.RemoteOptions`).  Raises
+    :class:`FormatError` if shards disagree (different writer runs, classes or
     shard counts), :class:`~seqloader.format.IncompleteError` for unfinished files and,
     when ``require_records``, :class:`~seqloader.format.EmptyDatabaseError` for a
     complete database without records (:func:`empty_reason`).
     """
+    from .remote import RemoteOptions, is_url, open_remote, safe_url
+
+    if is_url(path):
+        urls, metas, source = open_remote(str(path), split, remote or RemoteOptions(),
+                                          require_complete=require_complete)
+        _check_set([safe_url(u) for u in urls], metas, split)
+        return _nonempty(Database(tuple(urls), tuple(metas), None, source), require_records)
     paths = find_database(path, split)
     metas = []
     identities = []
@@ -179,6 +213,17 @@ def open_database(path: str | Path, split: str | None = None, *,
             metas.append(read_meta(env, p, require_complete=require_complete))
         finally:
             close_env(env)
+    _check_set(paths, metas, split)
+    return _nonempty(Database(tuple(paths), tuple(metas), tuple(identities)), require_records)
+
+
+def _nonempty(db: Database, require_records: bool) -> Database:
+    if require_records and db.num_records == 0 and all(m.complete for m in db.metas):
+        raise EmptyDatabaseError(empty_reason(db))
+    return db
+
+
+def _check_set(paths: list, metas: list[Meta], split: str | None) -> None:
     first = metas[0]
     if split is not None and first.split != split:  # e.g. the train file passed for 'val'
         raise FormatError(f"{paths[0]} holds split {first.split!r}, not {split!r}: pass the "
@@ -191,10 +236,6 @@ def open_database(path: str | Path, split: str | None = None, *,
         if m.shard != i or m.num_shards != len(paths):
             raise FormatError(f"{p} says it is shard {m.shard} of {m.num_shards}, but it is "
                               f"file {i} of {len(paths)}; was it renamed?")
-    db = Database(tuple(paths), tuple(metas), tuple(identities))
-    if require_records and db.num_records == 0 and all(m.complete for m in metas):
-        raise EmptyDatabaseError(empty_reason(db))
-    return db
 
 
 def empty_reason(db: Database) -> str:

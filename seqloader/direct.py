@@ -176,6 +176,32 @@ class DirectStream:
         self._free: list[memoryview] = []
         self._pool: ThreadPoolExecutor | None = None
         self.oversized = 0  # records larger than the ring, read on their own
+        self.read_timeout = READ_TIMEOUT  # longest wait for one block
+
+    # NOTE [ byte source ]: the four methods below are what a stream reads with; a
+    # subclass (the remote stream, :mod:`seqloader.remote`) replaces them and keeps the
+    # ordering, windowing and shutdown of :meth:`read`.  Each runs in a read thread
+    # except `_read_alone` and `_failure`.
+
+    def _blocks(self, part: Part, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The ``(offset, length)`` requests, in order, that cover the span ``[start, end)``
+        (each at most :attr:`block` bytes)."""
+        for off in range(start, end, self.block):
+            yield off, min(self.block, end - off)
+
+    def _fill(self, part: Part, buf: memoryview, off: int, n: int) -> int:
+        """Read bytes ``[off, off + n)`` of ``part``'s file into ``buf``; the count read
+        (fewer only at the end of the file)."""
+        return _read_block(part.fd, buf[:(n + ALIGN - 1) // ALIGN * ALIGN], off)
+
+    def _read_alone(self, part: Part, off: int, n: int) -> bytes:
+        """One record larger than the ring, read on its own."""
+        return _read_unaligned(part, off, n)
+
+    def _failure(self, e: OSError, part: Part, off: int, n: int) -> BaseException:
+        """The exception to raise for a failed block read."""
+        return OSError(e.errno, f"{part.path}: reading {n} bytes at offset {off} failed: "
+                       f"{e.strerror or e}; check the disk, or run `seqloader verify` on the file")
 
     def _start(self) -> None:
         if self._pool is None:
@@ -199,8 +225,8 @@ class DirectStream:
             for p, part in enumerate(parts):
                 known.append(part)
                 for s, (start, end) in enumerate(part.spans):
-                    for off in range(start, end, self.block):
-                        yield p, s, off, min(self.block, end - off), part
+                    for off, n in self._blocks(part, start, end):
+                        yield p, s, off, n, part
 
         pending = requests()
         exhausted = False
@@ -214,24 +240,20 @@ class DirectStream:
                     return
                 p, s, off, n, part = req
                 buf = free.pop()
-                size = (n + ALIGN - 1) // ALIGN * ALIGN
-                inflight.append([p, s, off, n, buf,
-                                 pool.submit(_read_block, part.fd, buf[:size], off)])
+                inflight.append([p, s, off, n, buf, pool.submit(self._fill, part, buf, off, n)])
 
         def wait(r: list, part: Part) -> None:
             fut: Future | None = r[5]
             if fut is None:
                 return
             try:
-                got = fut.result(timeout=READ_TIMEOUT)
+                got = fut.result(timeout=self.read_timeout)
             except _FutureTimeout:
                 raise OSError(errno.ETIMEDOUT, f"{part.path}: a read of {r[3]} bytes at offset "
-                              f"{r[2]} has not finished in {READ_TIMEOUT:.0f} s; the disk or "
+                              f"{r[2]} has not finished in {self.read_timeout:.0f} s; the disk or "
                               "file system is not responding") from None
             except OSError as e:
-                raise OSError(e.errno, f"{part.path}: reading {r[3]} bytes at offset {r[2]} "
-                              f"failed: {e.strerror or e}; check the disk, or run `seqloader "
-                              "verify` on the file") from e
+                raise self._failure(e, part, r[2], r[3]) from e
             if got < r[3]:
                 raise FormatError(f"{part.path}: ends at byte {r[2] + got}, before its records "
                                   f"(which reach byte {r[2] + r[3]}); the file is truncated: "
@@ -243,7 +265,7 @@ class DirectStream:
             fut = r[5]
             if fut is not None and not fut.cancel():
                 try:
-                    fut.result(timeout=READ_TIMEOUT)  # never reuse a buffer still being filled
+                    fut.result(timeout=self.read_timeout)  # never reuse a buffer still being filled
                 except _FutureTimeout:
                     return  # a hung read keeps its buffer: the ring shrinks by one
                 except Exception:  # noqa: BLE001 - its bytes are not used
@@ -290,7 +312,7 @@ class DirectStream:
                         i += 1
                     if pieces is None:
                         self.oversized += 1
-                        data = _read_unaligned(part, off, n)
+                        data = self._read_alone(part, off, n)
                     else:
                         data = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
                     del pieces

@@ -24,6 +24,7 @@ from .feeder import Feeder
 from .parallel import WorkerPool
 from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
                    plan_epoch)
+from .remote import RemoteOptions, is_url, with_timeout
 from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 from .passes import Pass
 from .shuffle import default_warmup
@@ -83,6 +84,13 @@ class Loader:
     :mod:`seqloader.direct`) the records are
     read around the page cache and the ``cache`` records are private memory instead,
     plus a ``prefetch_bytes`` read-ahead ring.
+
+    ``imagenet_dir`` may be a URL (``s3://bucket/imagenet``, ``https://host/imagenet``,
+    any fsspec protocol; ``pip install seqloader[remote]``): each rank then reads its
+    chunks with large ranged GETs, in the same order as from a local copy; ``remote``
+    (:class:`~seqloader.remote.RemoteOptions`) sets ``storage_options``, a local block
+    cache (``cache_dir``, ``cache_bytes``), retries and GET size; ``timeout`` (when
+    set) also bounds each GET.
     """
 
     def __init__(self, imagenet_dir: str | Path, mode: str = "train",
@@ -94,7 +102,8 @@ class Loader:
                  world_size: int | None = None, target_transform: Callable | None = None,
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
-                 prefetch_bytes: int = 128 << 20, io: str = "auto"):
+                 prefetch_bytes: int = 128 << 20, io: str = "auto",
+                 remote: "RemoteOptions | None" = None):
         for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
                                    ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
                                    ("prefetch_bytes", prefetch_bytes, 1)):
@@ -109,8 +118,9 @@ class Loader:
         choose_io(io, 0)  # (validates io now, not in the first iteration)
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
-        p = Path(imagenet_dir)
-        self.db: Database = open_database(p, mode)  # a file of another split is an error
+        # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
+        p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
+        self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
         if world_size == 1 and rank is None:
             rank = 0  # (one process reads everything: nothing to ask torch.distributed)
         if rank is None or world_size is None:

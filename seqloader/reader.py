@@ -31,13 +31,16 @@ import queue
 import threading
 import time
 import warnings
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from .database import Database, check_identity, close_env, open_env
 from .direct import DirectStream, Part, choose, open_direct
 from .format import EXTENT_DTYPE, FormatError, Meta, encode_key, meta_extents
+
+if TYPE_CHECKING:
+    from .remote import RemoteFile
 
 __all__ = ["RangeReader"]
 
@@ -119,16 +122,7 @@ class _Shard:
         the highest offset would read everything between.  Without extents, one span
         from the first record to the last (a lookup of each in the B-tree)."""
         if self.extents is not None:
-            off = self.offsets[a:b]
-            end = off + self.lengths[a:b]
-            jump = np.empty(len(off), bool)
-            jump[0] = True
-            jump[1:] = (off[1:] < end[:-1]) | (off[1:] > end[:-1] + _GAP)
-            ids = np.cumsum(jump) - 1
-            firsts = np.flatnonzero(jump)
-            starts = off[firsts]
-            ends = np.maximum.reduceat(end, firsts)
-            bounds = list(zip(starts.tolist(), ends.tolist()))
+            return _extent_spans(self.offsets, self.lengths, a, b, self.size)
         else:
             first = self.lookup.get(encode_key(a))
             last = self.lookup.get(encode_key(b - 1))
@@ -136,9 +130,7 @@ class _Shard:
                 raise FormatError(f"{self.path}: records {a}..{b - 1} are missing; the file is "
                                   "damaged or truncated: run `seqloader verify` on it")
             bounds = [(_address(first) - self.base, _address(last) - self.base + len(last))]
-            ids = None
-        return [(s & ~(_PAGE - 1), min(self.size, (e + _PAGE - 1) & ~(_PAGE - 1)))
-                for s, e in bounds], ids
+            return _aligned(bounds, self.size), None
 
     def get(self, local: int) -> memoryview:
         if self.extents is not None:
@@ -182,6 +174,52 @@ class _Shard:
         if self.fd_direct is not None:
             os.close(self.fd_direct)
             self.fd_direct = None
+
+
+def _extent_spans(offsets: np.ndarray, lengths: np.ndarray, a: int, b: int, size: int
+                  ) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """:meth:`_Shard.spans` of records ``[a, b)`` from their extents."""
+    off = offsets[a:b]
+    end = off + lengths[a:b]
+    jump = np.empty(len(off), bool)
+    jump[0] = True
+    jump[1:] = (off[1:] < end[:-1]) | (off[1:] > end[:-1] + _GAP)
+    ids = np.cumsum(jump) - 1
+    firsts = np.flatnonzero(jump)
+    starts = off[firsts]
+    ends = np.maximum.reduceat(end, firsts)
+    return _aligned(list(zip(starts.tolist(), ends.tolist())), size), ids
+
+
+def _aligned(bounds: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    return [(s & ~(_PAGE - 1), min(size, (e + _PAGE - 1) & ~(_PAGE - 1))) for s, e in bounds]
+
+
+class _RemoteShard:
+    """One remote file (NOTE [ remote reading ] in :mod:`seqloader.remote`): the parts of
+    :class:`_Shard` a remote stream needs, from the metadata's extents."""
+
+    fd_direct, fd_through, base, env, map = -1, None, None, None, None
+
+    def __init__(self, file: "RemoteFile", meta: Meta):
+        from .remote import safe_url
+
+        self.path, self.file, self.size = file.url, file, file.size
+        self.extents = meta_extents(meta, file.size, where=safe_url(file.url))
+        if self.extents is None:  # (no records: open_remote refuses files without extents)
+            self.extents = np.zeros(0, EXTENT_DTYPE)
+        self.offsets = self.extents["offset"].astype(np.int64)
+        self.lengths = self.extents["length"].astype(np.int64)
+
+    def spans(self, a: int, b: int) -> tuple[list[tuple[int, int]], np.ndarray]:
+        return _extent_spans(self.offsets, self.lengths, a, b, self.size)
+
+    def get(self, local: int) -> memoryview:
+        off = int(self.offsets[local])
+        return memoryview(self.file.fetch(off, off + int(self.lengths[local])))
+
+    def close(self) -> None:
+        pass
 
 
 def _missing(addr: int, n: int, vec: ctypes.Array, gap: int) -> list[tuple[int, int]] | None:
@@ -328,7 +366,8 @@ class RangeReader:
         self.prefetch_bytes = prefetch_bytes
         self.readahead = readahead
         self.io = io
-        self.direct = choose(io, db.file_bytes)  # (validates io)
+        # (validates io; remote files are always read as a stream: NOTE [ remote reading ])
+        self.direct = choose(io, db.file_bytes) or db.remote is not None
         self._stream: DirectStream | None = None
         self._offsets = list(db.offsets)
         self._shards: list[_Shard] | None = None
@@ -345,6 +384,11 @@ class RangeReader:
         self.fault_in = fault_in
 
     def _open(self) -> list[_Shard]:
+        if self._shards is None and self.db.remote is not None:
+            from .remote import RemoteStream
+
+            self._shards = [_RemoteShard(f, m) for f, m in zip(self.db.remote.files, self.db.metas)]
+            self._stream = RemoteStream(self.db.remote, self.prefetch_bytes)
         if self._shards is None:
             # (not MADV_RANDOM even without fault_in: LMDB's cursor touches the first
             # page of every value it passes, and where it runs ahead of the readahead

@@ -109,6 +109,8 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     except EmptyDatabaseError as e:
         return VerifyResult(0, problems=[str(e)])
     workers = workers or (os.cpu_count() or 1) + 1
+    if db.remote is not None:
+        return _verify_remote(db, workers, progress)
     forked = _forked(workers)
     res = VerifyResult(db.num_records)
     bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
@@ -181,4 +183,42 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
             res.problems.append(f"{p}: checksum {checksum[:16]}… does not match the metadata's "
                                 f"{meta.checksum[:16]}…; the file is damaged: re-copy or re-create it")
     bar.close()
+    return res
+
+
+def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
+    """:func:`verify_database` of a database at URLs: every record the metadata's extents
+    point at (what readers read) is fetched with ranged GETs, checked, and chained into
+    the checksum in key order; the LMDB B-tree itself is not walked."""
+    from .reader import RangeReader
+    from .remote import safe_url
+
+    res = VerifyResult(db.num_records)
+    bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
+    reader = RangeReader(db)
+    try:
+        for url, meta, offset in zip(db.paths, db.metas, db.offsets):
+            meta_labels = np.frombuffer(meta.labels, "<i4") if meta.labels else None
+            items = ((index, url, encode_key(index - offset), bytes(v), len(meta.classes),
+                      meta.checksum_algorithm)
+                     for index, v in reader.read([(offset, offset + meta.num_records)]))
+            checksum, relabelled = EMPTY_CHECKSUM, 0
+            for key, digest, err, label in _map(items, workers):
+                local = decode_key(key)
+                if err:
+                    res.bad.append((offset + local, err))
+                if meta_labels is not None and label >= 0 and meta_labels[local] != label:
+                    relabelled += 1
+                checksum = chain_checksum(checksum, key, digest, meta.checksum_algorithm)
+                bar.update(1)
+            if relabelled:
+                res.problems.append(f"{safe_url(url)}: the metadata's labels of {relabelled} "
+                                    "records differ from the records' own; re-create the file")
+            if checksum != meta.checksum:
+                res.problems.append(f"{safe_url(url)}: checksum {checksum[:16]}… does not match "
+                                    f"the metadata's {meta.checksum[:16]}…; the file is damaged: "
+                                    "upload it again")
+    finally:
+        reader.close()
+        bar.close()
     return res
