@@ -23,6 +23,9 @@ setup(
         # pillow: writes the CMYK JPEGs of the synthetic dataset (OpenCV cannot)
         "test": ["pytest>=7", "pillow>=9"],
         "plot": ["matplotlib>=3.5"],
+        # the optional tests of the Lightning and accelerate integrations
+        # (tests/test_integrations_*.py); README "Use with Lightning / accelerate"
+        "integrations": ["lightning>=2.2", "accelerate>=0.20"],
     },
     entry_points={"console_scripts": ["seqloader=seqloader.cli:main"]},
 )
