@@ -27,7 +27,7 @@ from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_coun
 from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 from .passes import Pass
 from .shuffle import default_warmup
-from .trainers import NO_DATASET, TrainerEpochs
+from .trainers import TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -57,7 +57,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-class Loader:
+class Loader(TrainerFacing):
     """Iterate ``(images, labels)`` batches of a seqloader database, DataLoader-style.
 
     ``Loader(imagenet_dir, 'train', transform, batch_size=256, shuffle=True, num_workers=4)``
@@ -219,23 +219,6 @@ class Loader:
                               "checkpoint's epoch to resume it", stacklevel=3)
             self._resume = 0
         self._next_epoch, self._cur_epoch = int(epoch), None
-
-    @property
-    def sampler(self) -> TrainerEpochs:
-        """DataLoader's ``sampler`` as far as trainers use it: ``loader.sampler.set_epoch(e)``
-        (what Lightning and DDP scripts call each epoch) is :meth:`set_epoch`, except that
-        the epoch after a loaded position's ends that epoch without a warning (a trainer
-        that cut it short has moved on)."""
-        return TrainerEpochs(self)
-
-    #: DataLoader's, for trainers that look for it: ``None`` (the Loader batches itself).
-    batch_sampler = None
-
-    @property
-    def dataset(self) -> Any:
-        """There is none: accessing it raises AttributeError naming the supported resume
-        (accelerate's ``skip_first_batches`` rebuilds a torch DataLoader from it)."""
-        raise AttributeError(NO_DATASET)
 
     @property
     def classes(self) -> list[str]:

@@ -19,12 +19,12 @@ there it is more likely a mistaken epoch counter).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .loader import Loader
 
-__all__ = ["TrainerEpochs", "NO_DATASET"]
+__all__ = ["TrainerEpochs", "TrainerFacing", "NO_DATASET"]
 
 NO_DATASET = (
     "a seqloader Loader has no .dataset (it reads a database, not a torch Dataset); "
@@ -48,3 +48,25 @@ class TrainerEpochs:
 
     def set_epoch(self, epoch: int) -> None:
         self._loader._set_epoch(epoch, trainer=True)
+
+
+class TrainerFacing:
+    """The DataLoader attributes trainers look for, on the :class:`~seqloader.Loader`
+    (which defines ``_set_epoch(epoch, trainer)``)."""
+
+    @property
+    def sampler(self) -> TrainerEpochs:
+        """DataLoader's ``sampler`` as far as trainers use it: ``loader.sampler.set_epoch(e)``
+        (what Lightning and DDP scripts call each epoch) is :meth:`set_epoch`, except that
+        the epoch after a loaded position's ends that epoch without a warning (a trainer
+        that cut it short has moved on)."""
+        return TrainerEpochs(self)
+
+    #: DataLoader's, for trainers that look for it: ``None`` (the Loader batches itself).
+    batch_sampler = None
+
+    @property
+    def dataset(self) -> Any:
+        """There is none: accessing it raises AttributeError naming the supported resume
+        (accelerate's ``skip_first_batches`` rebuilds a torch DataLoader from it)."""
+        raise AttributeError(NO_DATASET)
