@@ -21,10 +21,15 @@ setup(
     ],
     extras_require={
         # pillow: writes the CMYK JPEGs of the synthetic dataset (OpenCV cannot)
-        "test": ["pytest>=7", "pillow>=9", "moto[server]>=5"],
+        "test": ["pytest>=7", "pillow>=9"],
+        # the S3 endpoint of the remote tests (tests/remote_servers.py)
+        "test-remote": ["moto[server]>=5"],
         "plot": ["matplotlib>=3.5"],
         # reading databases at URLs (s3://, https://, ...: any fsspec protocol)
         "remote": ["fsspec>=2023.1", "s3fs>=2023.1", "aiohttp>=3.8"],
+        # the optional tests of the Lightning and accelerate integrations
+        # (tests/test_integrations_*.py); README "Use with Lightning / accelerate"
+        "integrations": ["lightning>=2.2", "accelerate>=0.20"],
     },
     entry_points={"console_scripts": ["seqloader=seqloader.cli:main"]},
 )

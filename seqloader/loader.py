@@ -28,6 +28,7 @@ from .remote import RemoteOptions, is_url, with_timeout
 from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 from .passes import Pass
 from .shuffle import default_warmup
+from .trainers import TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -57,7 +58,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-class Loader:
+class Loader(TrainerFacing):
     """Iterate ``(images, labels)`` batches of a seqloader database, DataLoader-style.
 
     ``Loader(imagenet_dir, 'train', transform, batch_size=256, shuffle=True, num_workers=4)``
@@ -68,7 +69,9 @@ class Loader:
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training
-    (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it); evaluation
+    (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it; an iterator
+    uses its epoch at its first batch, and one cut short ends at the next ``iter()``:
+    NOTE [ epochs and iterators ] in :mod:`seqloader.trainers`); evaluation
     (``shuffle=False``) yields every record once, in file order, across ranks;
     ``drop_last`` as in DataLoader; ``state_dict``/``load_state_dict`` resume mid-epoch
     exactly.  Fork-safe to construct (nothing is opened until iteration); not
@@ -147,9 +150,9 @@ class Loader:
         self._device_normalize = None
         self._pool: WorkerPool | None = None
         self._feeder: Feeder | None = None
-        self._next_epoch = 0     # epoch of the next iteration
+        self._next_epoch = 0     # epoch of the next iteration to yield a batch
         self._resume = 0         # its first batch (> 0 after load_state_dict)
-        self._cur_epoch: int | None = None  # epoch of the current/last iteration
+        self._cur_epoch: int | None = None  # epoch of the iteration in progress (None: between)
         self._position = 0       # batches of it already yielded
         self._cur_done = False
         # the iteration in progress, weakly: the generator's frame refers to the loader,
@@ -208,16 +211,24 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (DistributedSampler's habit).  A resume
-        position loaded for that same epoch is kept."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        position loaded for that same epoch is kept; one for another epoch is dropped,
+        with a warning."""
+        self._set_epoch(epoch, trainer=False)
+
+    def _set_epoch(self, epoch: int, trainer: bool) -> None:
+        if not _is_int(epoch) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        # a trainer starting the epoch after a loaded one ends that epoch, cut short by
+        # it (NOTE [ epochs and iterators ]): no warning
+        cut_short = trainer and epoch == self._next_epoch + 1
         if epoch != self._next_epoch and self._resume:
-            warnings.warn(f"set_epoch({epoch}) discards the position loaded for epoch "
-                          f"{self._next_epoch} (batch {self._resume}): epoch {epoch} starts "
-                          "from its first batch; call set_epoch with the checkpoint's epoch "
-                          "to resume it", stacklevel=2)
+            if not cut_short:
+                warnings.warn(f"set_epoch({epoch}) discards the position loaded for epoch "
+                              f"{self._next_epoch} (batch {self._resume}): epoch {epoch} "
+                              "starts from its first batch; call set_epoch with the "
+                              "checkpoint's epoch to resume it", stacklevel=3)
             self._resume = 0
-        self._next_epoch, self._cur_epoch = epoch, None
+        self._next_epoch, self._cur_epoch = int(epoch), None
 
     @property
     def classes(self) -> list[str]:
@@ -239,15 +250,25 @@ class Loader:
             it.end(superseded)
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
+        # NOTE [ epochs and iterators ]: the iteration in progress ends here, cut short or
+        # not; the new one takes its epoch (the next, or what set_epoch/load_state_dict
+        # say) at its first batch, so an iterator that yields nothing uses none
         self._end_active(superseded=True)
-        epoch, first = self._next_epoch, self._resume
-        self._cur_epoch, self._position, self._cur_done = epoch, first, False
-        self._next_epoch, self._resume = epoch + 1, 0
-        it = Pass(self._iterate(epoch, first), _SUPERSEDED, len(self) - first)  # (resumed: the rest)
+        self._cur_epoch = None
+        started: list[int] = []  # the first batch, once the iteration has taken its epoch
+        it = Pass(self._iterate(started), _SUPERSEDED,  # (resumed: len() is the rest)
+                  lambda: len(self) - (started[0] if started else self._resume))
         self._active = weakref.ref(it)
         return it
 
-    def _iterate(self, epoch: int, first: int) -> Iterator[tuple[Any, torch.Tensor]]:
+    def _start(self, epoch: int, first: int, started: list[int]) -> None:
+        """The iteration takes epoch ``epoch`` from batch ``first``: the next one is ``epoch + 1``."""
+        started.append(first)
+        self._cur_epoch, self._position, self._cur_done = epoch, first, False
+        self._next_epoch, self._resume = epoch + 1, 0
+
+    def _iterate(self, started: list[int]) -> Iterator[tuple[Any, torch.Tensor]]:
+        epoch, first = self._next_epoch, self._resume
         plan = plan_epoch(self.plan_spec, epoch)
         spec = self._producer_spec()
         if self._feeder is None:
@@ -259,8 +280,12 @@ class Loader:
             for j, n, (labels, samples), raw, slot in self._batches(spec, plan, first):
                 batch = self._materialize(spec, labels, samples, raw, slot)
                 del labels, samples
+                if not started:
+                    self._start(epoch, first, started)
                 self._position = j + 1
                 yield batch
+            if not started:  # (an epoch with no batches left is used by running to its end)
+                self._start(epoch, first, started)
             self._cur_done = True
         finally:
             self._active = None

@@ -7,7 +7,7 @@ look like a finished (short) epoch to whatever consumes it.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 __all__ = ["Pass"]
 
@@ -15,11 +15,12 @@ __all__ = ["Pass"]
 class Pass:
     """Wraps a generator; :meth:`end` with ``superseded`` makes ``next()`` raise
     RuntimeError(``message``) instead of StopIteration.  ``len()`` is ``length`` when
-    given.  Not thread-safe."""
+    given (a callable: its value at the time).  Not thread-safe."""
 
     __slots__ = ("_gen", "_len", "_message", "superseded", "__weakref__")
 
-    def __init__(self, gen: Iterator, message: str, length: int | None = None) -> None:
+    def __init__(self, gen: Iterator, message: str,
+                 length: int | Callable[[], int] | None = None) -> None:
         self._gen, self._message, self._len, self.superseded = gen, message, length, False
 
     def __iter__(self) -> "Pass":
@@ -28,7 +29,7 @@ class Pass:
     def __len__(self) -> int:
         if self._len is None:
             raise TypeError("this pass has no known length")
-        return self._len
+        return self._len() if callable(self._len) else self._len
 
     def __next__(self) -> Any:
         if self.superseded:

@@ -123,6 +123,7 @@ def test_metadata_from_pages_matches_lmdb(tmp_path):
 
 # ------------------------------------------------------------------ S3
 
+@pytest.mark.needs("s3fs", "moto")
 def test_s3_loader_one_epoch_as_local(moto, s3_url, lmdb_dir):
     from seqloader import Loader
 
@@ -132,6 +133,7 @@ def test_s3_loader_one_epoch_as_local(moto, s3_url, lmdb_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("s3fs", "moto")
 def test_s3_loader_same_batches_as_local(moto, s3_url, lmdb_dir):
     """Loader(url) yields exactly Loader(local)'s batches (2 workers, shuffled, 2 epochs;
     evaluation order) and reads the split with a few large GETs."""
@@ -150,6 +152,7 @@ def test_s3_loader_same_batches_as_local(moto, s3_url, lmdb_dir):
     assert moto.gets("imagenet/ILSVRC-train") - before <= 3 * 2 + 3
 
 
+@pytest.mark.needs("s3fs", "moto")
 def test_s3_ranks_read_only_their_chunks(moto, s3_url, lmdb_dir):
     from seqloader.database import open_database
     from seqloader.reader import RangeReader
@@ -165,6 +168,7 @@ def test_s3_ranks_read_only_their_chunks(moto, s3_url, lmdb_dir):
     assert got == [(i, local[i]) for i in list(range(5, 9)) + list(range(20, 31))]
 
 
+@pytest.mark.needs("s3fs", "moto")
 def test_s3_cache_second_epoch_reads_nothing(moto, s3_url, lmdb_dir, tmp_path):
     """Counted on the server: the second epoch (a new process's reader too) GETs nothing;
     a damaged cached block is detected and fetched again."""
@@ -207,6 +211,7 @@ def test_block_cache_is_bounded(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("s3fs", "moto")
 def test_s3_faults_are_retried(moto, s3_url, lmdb_dir):
     """Resets, 503 SlowDown, a reply cut mid-body, a stuck reply (past ``timeout``) and the
     server gone for a second mid-epoch: every record arrives once, in order."""
@@ -233,6 +238,7 @@ def test_s3_faults_are_retried(moto, s3_url, lmdb_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("s3fs", "moto")
 def test_s3_permanent_errors_name_url_and_range(moto, s3_url, lmdb_dir, tmp_path):
     from seqloader.database import open_database
     from seqloader.reader import RangeReader
@@ -269,6 +275,7 @@ def test_s3_permanent_errors_name_url_and_range(moto, s3_url, lmdb_dir, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.needs("s3fs", "moto")
 def test_cli_info_and_verify_accept_urls(moto, s3_url):
     env = {**os.environ, **moto.env(), "PYTHONPATH": os.pathsep.join(
         [str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
@@ -281,6 +288,7 @@ def test_cli_info_and_verify_accept_urls(moto, s3_url):
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.needs("s3fs", "moto")
 def test_verify_remote_finds_damage(moto, lmdb_dir, tmp_path, monkeypatch):
     """A record flipped on the server (metadata intact) fails the checksum."""
     from seqloader.database import open_database
@@ -315,6 +323,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
+@pytest.mark.needs("s3fs", "moto")
 def test_ddp_two_ranks_from_s3(moto, s3_url, lmdb_dir):
     """2 ranks (gloo, CPU) read disjoint halves from the S3 endpoint: together every
     record once, equal batch counts, as from the local copy."""
@@ -340,6 +349,7 @@ def test_ddp_two_ranks_from_s3(moto, s3_url, lmdb_dir):
 
 # ------------------------------------------------------------------ HTTP (nginx)
 
+@pytest.mark.needs("nginx", "fsspec", "aiohttp")
 def test_http_sharded_same_as_local(nginx, sharded_dir):
     """A sharded split over HTTP: from a folder URL (nginx lists it) and from one shard's
     URL; every record equals the local copy's."""
@@ -355,6 +365,7 @@ def test_http_sharded_same_as_local(nginx, sharded_dir):
     assert _all_records(open_database(one)) == want
 
 
+@pytest.mark.needs("nginx", "fsspec", "aiohttp")
 def test_http_server_restart_mid_epoch(nginx, lmdb_dir):
     pytest.importorskip("fsspec")
     pytest.importorskip("aiohttp")
@@ -380,6 +391,7 @@ def test_http_server_restart_mid_epoch(nginx, lmdb_dir):
     assert got == want and after > before
 
 
+@pytest.mark.needs("nginx", "fsspec", "aiohttp")
 def test_http_loader_same_batches(nginx, lmdb_dir):
     pytest.importorskip("fsspec")
     pytest.importorskip("aiohttp")
