@@ -44,8 +44,8 @@ def _json_out(cmd: list[str]) -> dict:
 
 
 def bench_command(data: str, db: str) -> list[str]:
-    """``seqloader.bench`` on ``data/db``: the issue's 2 workers, batch 256, JSON out."""
-    return [sys.executable, "-m", "seqloader.bench", str(Path(data) / db), "--loader",
+    """``seqloader.tools.bench`` on ``data/db``: the issue's 2 workers, batch 256, JSON out."""
+    return [sys.executable, "-m", "seqloader.tools.bench", str(Path(data) / db), "--loader",
             "seqloader", "--workers", "2", "--batch-size", "256", "--json", "--no-progress"]
 
 
@@ -98,7 +98,7 @@ def main() -> int:
              "at once), then the warm 2-worker full pipeline (`seqloader bench --mode full`, "
              "batch 256).  The limits run over records held in memory; the sample's mean size "
              "should match the data's (NOTE [ a representative sample ] in "
-             "`seqloader/bench.py`).")
+             "`seqloader/tools/bench.py`).")
     lines = ["| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
              "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB "
              "| limit sample: records, mean KB (data's mean KB) |",

@@ -2,7 +2,7 @@
 
 The fused pipeline's gain on large photos comes from decoding less: a reduced-scale
 (DCT-scaled) decode, and with restart markers only the restart segments around the crop
-(NOTEs [ row-limited decode ] and [ restart windows ] in ``seqloader/_fused.py``).  What
+(NOTEs [ row-limited decode ] and [ restart windows ] in ``seqloader/transforms/fused.py``).  What
 no decoder built on libjpeg(-turbo) can skip is the Huffman (entropy) decoding of every
 8x8 block inside the crop: codes have no boundaries, so the bits of each block must be
 walked, at any output scale.  This script measures, on the draws of RandomResizedCrop(224)
@@ -64,9 +64,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, SIZES, STD, make_set, timed  # noqa: E402
 
-from seqloader import _fused  # noqa: E402
-from seqloader.images import (add_restart_index, add_restart_markers, jpeg_frame,  # noqa: E402
-                              jpeg_scan, restart_marks)
+from seqloader.transforms import fused as _fused  # noqa: E402
+from seqloader.format.jpeg import (add_restart_index, add_restart_markers, jpeg_frame,  # noqa: E402
+                                   jpeg_scan, restart_marks)
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 

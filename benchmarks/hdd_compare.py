@@ -10,14 +10,14 @@ Phases (``--phase``, repeatable or comma-separated; default ``all`` = all four):
             images of ~100 KB = ~2.15 GB) under ``DATA/imagenet-synth`` and its database
             (``preprocess_sequential.py``, verify on) under ``DATA/lmdb-hdd``; reused when
             present.
-``warm``    ``python -m seqloader.bench`` with the data read into the page cache first:
+``warm``    ``python -m seqloader.tools.bench`` with the data read into the page cache first:
             files and seqloader, raw with 1/2/4 workers, full with 2 workers, and the
             cpu-limit rows (decode+transform in one process x 2 cores).
 ``hdd``     the same loader runs under ``/work/shared/tools/hddsim`` (page cache dropped,
             reads throttled to 100 IO/s and 150 MiB/s, like a 7200 rpm disk).
 ``report``  ``benchmarks/results/hdd_compare.md`` and ``.json`` from the runs' results.
 
-Every run is one process (``seqloader.bench --json``) and its JSON document is kept in
+Every run is one process (``seqloader.tools.bench --json``) and its JSON document is kept in
 ``benchmarks/results/raw/hdd_compare/<run id>.json`` with the exact command, the load
 average before/after and the other processes that were busy; ``report`` reads those,
 so phases can run at different times.  Runs on the simulated disk are bounded to one
@@ -118,7 +118,7 @@ class CpuAccount:
 
     @staticmethod
     def _live() -> dict:
-        from seqloader.bench import _cpu_seconds, process_tree
+        from seqloader.tools.bench import _cpu_seconds, process_tree
         out = {}
         for pid in process_tree(os.getpid())[1:]:
             cpu = _cpu_seconds(pid)
@@ -195,7 +195,7 @@ def machine(data_dir: str | Path = "/work/bench-data") -> dict:
     import torch
 
     from seqloader import __version__
-    from seqloader.bench import _cpu_model, _meminfo, _storage
+    from seqloader.tools.bench import _cpu_model, _meminfo, _storage
 
     st = _storage(str(data_dir))
     dev = os.path.basename(os.path.realpath(st["device"] or "")) or "vda"
@@ -327,7 +327,7 @@ def steady_window(args, n_images: int) -> tuple[int, int]:
     """(warm-up batches, measured batches) between the shuffle buffer's fill (2 reads per
     output until it holds ``cache`` records: ~``cache`` outputs) and its drain (the last
     ``cache`` outputs need no reads)."""
-    from seqloader.plan import DEFAULT_CACHE
+    from seqloader.read.plan import DEFAULT_CACHE
 
     fill = -(-DEFAULT_CACHE // args.batch_size)  # each output while filling adds one record
     last = (n_images - DEFAULT_CACHE) // args.batch_size
@@ -342,7 +342,7 @@ def bench_cmd(args, run: dict, n_images: int) -> list[str]:
     warmup = args.warmup
     if run.get("steady"):
         warmup, measured = steady_window(args, n_images)
-    cmd = [sys.executable, "-m", "seqloader.bench", str(p["db_dir"]), "--files", str(p["train"]),
+    cmd = [sys.executable, "-m", "seqloader.tools.bench", str(p["db_dir"]), "--files", str(p["train"]),
            "--loader", run["loader"], "--mode", run["mode"], "--workers", str(run["workers"]),
            "--batch-size", str(args.batch_size), "--warmup", str(warmup),
            "--json", "--no-progress"]
@@ -356,7 +356,7 @@ def bench_cmd(args, run: dict, n_images: int) -> list[str]:
         # stay inside the first (cold) epoch: later epochs would be served by the page cache
         cmd += ["--batches", str(n_images // args.batch_size - args.warmup - 1)]
     if run["cache"] == "hddsim":
-        # --cold: seqloader.bench describes the data before the runs (100 records spread over
+        # --cold: seqloader.tools.bench describes the data before the runs (100 records spread over
         # the database, 100 files); with this disk's read_ahead_kb=8192 every record read
         # through the memory map pulls ~8 MB around it into the page cache -- 59 % of the
         # 2.1 GB database was resident before the first run.  --cold evicts the data files
@@ -574,7 +574,7 @@ def _markdown(doc: dict, lim, flim, clim=None) -> str:
               f"mean {s['mean_bytes']:.0f} bytes, mean {s['mean_width']:.0f}x{s['mean_height']:.0f} px "
               f"(ImageNet: ~110 KB, ~400x350). The files loader reads the same images as "
               f"{files.get('num_images')} files under `{files.get('root')}`.", ""]
-    L += ["**Runs.** `python -m seqloader.bench` per row, batch 256, 2 warm-up batches excluded; "
+    L += ["**Runs.** `python -m seqloader.tools.bench` per row, batch 256, 2 warm-up batches excluded; "
           "warm rows: the data read into the page cache just before (`resident` = mincore), "
           "60 s measured; hddsim rows: page cache dropped, seqloader bounded to its first epoch "
           "(`--batches`), files 60 s; `hddsim-steady`: the seqloader full-mode run measured only "
@@ -664,9 +664,9 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
         import msgpack
         import numpy as np
 
-        from seqloader.bench import _db_records, _spread, imagenet_train_transform
-        from seqloader.database import open_database
-        from seqloader.producer import batch_rng
+        from seqloader.tools.bench import _db_records, _spread, imagenet_train_transform
+        from seqloader.read.database import open_database
+        from seqloader.dataflow.batch import batch_rng
         from seqloader.transforms import compile_fused
 
         cv2.setNumThreads(1)
@@ -727,7 +727,7 @@ def main() -> int:
         build(args)
     n_images = 0
     if phases & {"warm", "hdd"}:
-        from seqloader.database import open_database
+        from seqloader.read.database import open_database
         n_images = open_database(paths(args)["db_dir"], "train").num_records
     only = set(args.only.split(",")) if args.only else None
     for run in run_list(args, n_images):

@@ -7,7 +7,7 @@ Like ``cpu_ratio.py`` (whose helpers it uses), but the pipeline runs under
 1. the CPU limit as the issue defines it: ``seqloader bench --mode cpu-limit`` (the fused
    decode + transform code in one process over records in memory) x 2 cores;
 2. for ``--io direct`` and ``--io buffered`` (NOTE [ direct I/O ] in
-   ``seqloader/direct.py``), the 2-worker, batch-256 full pipeline under hddsim, cold:
+   ``seqloader/read/direct.py``), the 2-worker, batch-256 full pipeline under hddsim, cold:
    ``epoch`` -- the first epoch from its first batch (``--warmup 2 --batches 78``: all but
    the last 2 of its 82 batches, shuffle-buffer fill included) -- and ``steady`` --
    batches 21-62 (``--warmup 20 --batches 42``: between the buffer's fill and its drain,

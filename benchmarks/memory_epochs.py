@@ -10,7 +10,7 @@ shuffle=True, num_workers=2, cache=5000)`` for ``--epochs`` epochs with a warm p
 cache, touching each batch like a training step would (and dropping it).
 
 A sampler thread reads ``/proc/<pid>/smaps_rollup`` of the whole process tree (this
-process and its workers, found with ``seqloader.bench.process_tree``) every 0.2 s and
+process and its workers, found with ``seqloader.tools.bench.process_tree``) every 0.2 s and
 keeps per-epoch peaks of the sums of Rss, Pss, USS (Private_Clean+Private_Dirty),
 Anonymous, and Pss split into anonymous, file-backed and shared-memory (shmem) pages.
 Per epoch it also records the time from ``iter(loader)`` to the first batch (epoch 0
@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from seqloader.direct import IO_MODES  # noqa: E402
+from seqloader.read.direct import IO_MODES  # noqa: E402
 from hdd_compare import (REPO, RESULTS, CpuAccount, drops, fmt, git_state, log, loadavg, machine, machine_md,  # noqa: E402
                          run_cmd, wait_quiet, warm_files)
 
@@ -64,7 +64,7 @@ class Sampler:
     """Per-epoch peaks of the process tree's memory (kB), sampled every ``interval`` s."""
 
     def __init__(self, interval: float = 0.2):
-        from seqloader.bench import process_tree
+        from seqloader.tools.bench import process_tree
 
         self.tree = process_tree
         self.interval = interval
@@ -169,7 +169,7 @@ def main() -> int:
     from multiprocessing import resource_tracker
 
     from seqloader import Loader
-    from seqloader.bench import imagenet_train_transform
+    from seqloader.tools.bench import imagenet_train_transform
 
     git = git_state()
     db_file = db_dir / "ILSVRC-train.lmdb"

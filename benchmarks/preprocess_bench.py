@@ -56,7 +56,7 @@ def child(out: str, argv: list[str]) -> int:
     """Run ``seqloader preprocess argv`` in this process; write timings and memory."""
     t_import = time.time()
     from seqloader.cli import main
-    from seqloader.bench import _smaps
+    from seqloader.tools.bench import _smaps
 
     base = _smaps(os.getpid()) or {}
     t_run = time.time()
@@ -209,8 +209,8 @@ def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
     src = tree / "train"
     tfile = Path("/dev/shm") / f"ppbench-{rid}.t"
     if shuffled:
-        from seqloader.scan import scan_class_tree
-        from seqloader.writer import write_order
+        from seqloader.write.scan import scan_class_tree
+        from seqloader.write.writer import write_order
 
         scan = scan_class_tree(src)
         order = write_order(len(scan), seed=0, shuffle=True)
@@ -244,7 +244,7 @@ def run_decode_rate(args, rid: str, tree: Path) -> dict:
     import cv2
     import numpy as np
 
-    from seqloader.images import prepare_image
+    from seqloader.format.jpeg import prepare_image
 
     files = tree_files(tree / "train")
     idx = np.linspace(0, len(files) - 1, min(len(files), args.decode_sample)).astype(int)

@@ -7,7 +7,7 @@ Reads the first ``--mib`` MiB of FILE in ``--block-mib`` requests into reused,
 page-aligned buffers, ``--depth`` requests at a time (threads), with or without
 ``O_DIRECT``, and prints one JSON line: MiB/s and the process's user and system CPU
 seconds.  Run it under hddsim (page cache dropped, 150 MiB/s) once per mode: the
-figures behind NOTE [ direct I/O ] in ``seqloader/direct.py``.
+figures behind NOTE [ direct I/O ] in ``seqloader/read/direct.py``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Does seqloader's shuffling cost accuracy?  Train the same small CNN with different orders.
 
-Generates a learnable synthetic dataset (:func:`seqloader.synth.make_synthetic_imagenet`,
+Generates a learnable synthetic dataset (:func:`seqloader.tools.synth.make_synthetic_imagenet`,
 ``size="small"``: 64-128 px JPEGs; default 20 classes x 250 train / 100 val images),
 writes it twice with :func:`seqloader.preprocess` -- shuffled once at write (the
 default) and class-sorted (``shuffle=False``) -- and trains one CNN per configuration
@@ -83,7 +83,7 @@ buffer and with smaller chunks, and both cost something:
 Shuffling once at write (the default of ``preprocess``) costs nothing at read time and
 makes the defaults match an ideal shuffle, so rewrite the data if at all possible;
 otherwise use the smallest chunks the storage tolerates and the largest buffer memory
-allows, and check ``seqloader.quality.shuffle_quality`` (or
+allows, and check ``seqloader.tools.quality.shuffle_quality`` (or
 ``benchmarks/shuffle_quality.py --db``) before training.
 
 Outputs (``--out-dir``, default ``benchmarks/results``): ``shuffle_accuracy.json``
@@ -198,7 +198,7 @@ def prepare_data(work: Path, args: argparse.Namespace, *, size: str, tag: str) -
     """Images under ``work/<tag>/images``, databases ``lmdb-shuffled`` and ``lmdb-sorted``;
     reused when a previous run made them with the same parameters."""
     from seqloader import WriteOptions, preprocess
-    from seqloader.synth import make_synthetic_imagenet
+    from seqloader.tools.synth import make_synthetic_imagenet
 
     base = work / tag
     params = {"classes": args.classes, "per_class": args.per_class,
@@ -260,7 +260,7 @@ class FilesDataset:
     augmentation generator is derived from ``(seed, epoch, i)``."""
 
     def __init__(self, root: Path, transform: Any, seed: int) -> None:
-        from seqloader.scan import scan_class_tree
+        from seqloader.write.scan import scan_class_tree
 
         scan = scan_class_tree(root)
         self.root, self.paths, self.labels = str(root), list(scan.paths), np.asarray(scan.labels)
@@ -398,7 +398,7 @@ def run_one(name: str, seed: int, data: dict[str, Any], args: argparse.Namespace
             val: tuple[Any, Any]) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
-    from seqloader.quality import distinct_ratio, epoch_correlation, expected_distinct
+    from seqloader.tools.quality import distinct_ratio, epoch_correlation, expected_distinct
     from shuffle_quality import pair_repeat
 
     st = config_settings(name, args, args.n_train)
@@ -469,8 +469,8 @@ def reference_quality(args: argparse.Namespace, labels_sorted: np.ndarray,
     (1000 x 1300, batch 256, the real defaults) and on this dataset under both scaling
     rules (computed from the plan; two epochs)."""
     from seqloader.loader import DEFAULT_CACHE, DEFAULT_CHUNK
-    from seqloader.plan import PlanSpec
-    from seqloader.quality import distinct_ratio, epoch_correlation
+    from seqloader.read.plan import PlanSpec
+    from seqloader.tools.quality import distinct_ratio, epoch_correlation
     from shuffle_quality import fast_epoch_order, ideal_pair_repeat, pair_repeat
 
     def fig(lab_sorted, lab_shuf, n, B, cache, chunk) -> dict[str, Any]:

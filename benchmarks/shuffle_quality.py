@@ -4,13 +4,13 @@ For a training split written **class-sorted** (``--no-shuffle`` at preprocessing
 one written **shuffled once at write** (the default), and every combination of the
 Loader's shuffle buffer (``cache``, in records) and ``chunk_size`` (records per chunk
 of the epoch plan), this computes -- from the plan alone, no data is read
-(:func:`seqloader.quality.epoch_order` is exact: it is what the Loader yields) --
+(:func:`seqloader.tools.quality.epoch_order` is exact: it is what the Loader yields) --
 
 * ``distinct``: mean distinct labels per batch / its expectation under an ideal
-  uniform shuffle (:func:`seqloader.quality.distinct_ratio`; 1.0 = ideal).  Low values
+  uniform shuffle (:func:`seqloader.tools.quality.distinct_ratio`; 1.0 = ideal).  Low values
   mean batches dominated by a few classes (biased gradients and BatchNorm statistics).
 * ``epoch corr``: Spearman correlation of the records' positions in two consecutive
-  epochs (:func:`seqloader.quality.epoch_correlation`; 0.0 = ideal).  It depends on
+  epochs (:func:`seqloader.tools.quality.epoch_correlation`; 0.0 = ideal).  It depends on
   the order only, not on the labels, so it is the same for both layouts.
 * ``pair repeat``: of the record pairs that share a batch in epoch ``e``, the
   fraction that share a batch again in epoch ``e + 1`` (ideal: ``(B-1)/(N-1)``,
@@ -68,10 +68,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from seqloader.feeder import shuffle_rng
-from seqloader.plan import PlanSpec, plan_epoch
-from seqloader.quality import distinct_ratio, epoch_correlation
-from seqloader.shuffle import default_warmup, shuffle_order
+from seqloader.dataflow.feeder import shuffle_rng
+from seqloader.read.plan import PlanSpec, plan_epoch
+from seqloader.tools.quality import distinct_ratio, epoch_correlation
+from seqloader.dataflow.shuffle import default_warmup, shuffle_order
 
 IMAGENET_RECORDS = 1_281_167
 IMAGENET_RECORD_BYTES = 110_000
@@ -87,7 +87,7 @@ __all__ = ["fast_epoch_order", "pair_repeat", "ideal_pair_repeat", "hdd_efficien
 
 def fast_epoch_order(spec: PlanSpec, epoch: int, *, cache: int,
                      warmup: int | None = None) -> np.ndarray:
-    """:func:`seqloader.quality.epoch_order` with the position -> record mapping
+    """:func:`seqloader.tools.quality.epoch_order` with the position -> record mapping
     vectorised (same plan, same shuffle buffer, same generator: identical output;
     checked by ``tests/test_benchmark_scripts.py``)."""
     plan = plan_epoch(spec, epoch)

@@ -7,15 +7,16 @@ of start-up under hddsim).
 """
 __version__ = "0.2.0"
 
-from .dataflow import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
-                       MapDataComponent, MultiProcessMapData)
-from .database import Database, open_database
-from .format import EmptyDatabaseError, FORMAT_VERSION, FormatError, IncompleteError, Meta, Record
-from .parallel import WorkerDiedError, WorkerError
-from .plan import DEFAULT_CACHE, DEFAULT_CHUNK
-from .preprocess import preprocess
-from .scan import Scan, scan_class_tree, scan_labelled_folder
-from .writer import BadImageError, NoRecordsError, WriteOptions, WriteReport, write_split
+from .dataflow.stages import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
+                              MapDataComponent, MultiProcessMapData)
+from .read.database import Database, open_database
+from .format.spec import EmptyDatabaseError, FORMAT_VERSION, Meta, Record
+from .errors import FormatError, IncompleteError, WorkerDiedError, WorkerError
+from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK
+from .write.preprocess import preprocess
+from .write.scan import Scan, scan_class_tree, scan_labelled_folder
+from .errors import BadImageError
+from .write.writer import NoRecordsError, WriteOptions, WriteReport, write_split
 
 _LAZY = {"Loader": "loader", "ImagenetLoader": "loader"}
 

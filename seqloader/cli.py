@@ -8,16 +8,16 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .format import FormatError
+from .errors import FormatError
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .read.database import Database
 
 __all__ = ["main", "add_preprocess_arguments", "run_preprocess"]
 
 
 def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
-    from .writer import WriteOptions
+    from .write.writer import WriteOptions
 
     d = WriteOptions()
     p.add_argument("imagenet_dir", help="folder holding train/ and/or val/ class folders")
@@ -53,8 +53,8 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_preprocess(args: argparse.Namespace) -> int:
-    from .preprocess import preprocess
-    from .writer import WriteOptions
+    from .write.preprocess import preprocess
+    from .write.writer import WriteOptions
 
     opt = WriteOptions(seed=args.seed, shuffle=not args.no_shuffle, verify=not args.no_verify,
                        strict=args.strict, max_size=args.max_size, quality=args.quality,
@@ -80,7 +80,7 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
     ``path``: ``[split]`` for a file (None: its own) or with ``--split``; for a folder
     without it, every split with a database there, train and val first.  Raises
     FileNotFoundError naming what is there instead (e.g. an image tree to preprocess)."""
-    from .format import database_splits, find_database
+    from .format.spec import database_splits, find_database
 
     p = Path(path)
     if split is not None or not p.is_dir():
@@ -106,7 +106,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _describe(path: str, split: str | None, as_json: bool) -> dict:
     """Print what ``info`` says about one split (unless ``as_json``); its JSON object."""
-    from .database import empty_reason, open_database
+    from .read.database import empty_reason, open_database
 
     db = open_database(path, split, require_complete=False, require_records=False)
     info = {
@@ -164,7 +164,7 @@ def _writer_options(w: dict | None) -> str:
 def _restart_markers(db: Database) -> str | None:
     """Whether the first record's image has restart markers in a grid: ``"index"`` (and
     a restart index, NOTE [ restart index ]), ``"markers"`` (without one) or None."""
-    from .images import grid_scan
+    from .format.jpeg import grid_scan
 
     if db.num_records == 0:
         return None
@@ -175,7 +175,7 @@ def _restart_markers(db: Database) -> str | None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .verify import verify_database
+    from .write.verify import verify_database
 
     splits = path_splits(args.path, args.split)
     named = args.split is None and Path(args.path).is_dir()  # (else the path says which)
@@ -196,7 +196,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from .synth import make_synthetic_imagenet
+    from .tools.synth import make_synthetic_imagenet
 
     rep = make_synthetic_imagenet(args.dir, classes=args.classes, per_class=args.per_class,
                                   val_per_class=args.val_per_class, seed=args.seed,
@@ -208,7 +208,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .tools.demo import run_demo
 
     return run_demo(Path(args.dir), progress=not args.no_progress)
 
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_synth)
-    from .bench import add_bench_arguments, run_bench
+    from .tools.bench import add_bench_arguments, run_bench
 
     p = sub.add_parser("bench", help="measure loading speed, memory and CPU (seqloader vs files)")
     add_bench_arguments(p)

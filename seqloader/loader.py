@@ -1,8 +1,8 @@
 """``Loader``: the drop-in replacement for ``torch.utils.data.DataLoader``.
 
-Wires the pure epoch plan (:mod:`seqloader.plan`), the rank's reader
-(:mod:`seqloader.feeder`), the decoder (:mod:`seqloader.producer`) and the process
-pool (:mod:`seqloader.parallel`).
+Wires the pure epoch plan (:mod:`seqloader.read.plan`), the rank's reader
+(:mod:`seqloader.dataflow.feeder`), the decoder (:mod:`seqloader.dataflow.batch`) and the process
+pool (:mod:`seqloader.dataflow.pool`).
 """
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from .database import Database, open_database
-from .direct import choose as choose_io
-from .feeder import Feeder
-from .parallel import WorkerPool
-from .plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
-                   plan_epoch)
-from .remote import RemoteOptions, is_url, with_timeout
-from .producer import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
-from .passes import Pass
-from .shuffle import default_warmup
+from .read.database import Database, open_database
+from .read.direct import choose as choose_io
+from .dataflow.feeder import Feeder
+from .dataflow.pool import WorkerPool
+from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
+                        plan_epoch)
+from .read.remote import RemoteOptions, is_url, with_timeout
+from .dataflow.batch import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
+from .dataflow.passes import Pass
+from .dataflow.shuffle import default_warmup
 from .trainers import TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
@@ -84,14 +84,14 @@ class Loader(TrainerFacing):
     copies), plus ``num_workers * prefetch`` batch buffers in shared memory.  With
     direct I/O (``io="direct"``, or ``"auto"`` -- the default -- for a database larger
     than half the RAM or of a lower cgroup memory limit; NOTE [ direct I/O ] in
-    :mod:`seqloader.direct`) the records are
+    :mod:`seqloader.read.direct`) the records are
     read around the page cache and the ``cache`` records are private memory instead,
     plus a ``prefetch_bytes`` read-ahead ring.
 
     ``imagenet_dir`` may be a URL (``s3://bucket/imagenet``, ``https://host/imagenet``,
     any fsspec protocol; ``pip install seqloader[remote]``): each rank then reads its
     chunks with large ranged GETs, in the same order as from a local copy; ``remote``
-    (:class:`~seqloader.remote.RemoteOptions`) sets ``storage_options``, a local block
+    (:class:`~seqloader.read.remote.RemoteOptions`) sets ``storage_options``, a local block
     cache (``cache_dir``, ``cache_bytes``), retries and GET size; ``timeout`` (when
     set) also bounds each GET.
     """
@@ -164,7 +164,7 @@ class Loader(TrainerFacing):
     @property
     def _warmup(self) -> int:
         """Records the shuffle buffer holds before it yields (default: one batch, or the
-        whole split when it fits in the buffer: :func:`~seqloader.shuffle.default_warmup`)."""
+        whole split when it fits in the buffer: :func:`~seqloader.dataflow.shuffle.default_warmup`)."""
         if self.warmup is not None:
             return self.warmup
         if self._adopted_warmup is not None:  # a checkpoint's (see load_state_dict)

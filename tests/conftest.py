@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(config, items):
 def synth_tree(tmp_path_factory):
     """A small ImageNet-layout tree: 4 classes x 12 train (+3 val) images, odd formats
     (gray, PNG-as-JPEG, CMYK when Pillow is installed) and 3 undecodable files."""
-    from seqloader.synth import make_synthetic_imagenet
+    from seqloader.tools.synth import make_synthetic_imagenet
 
     root = tmp_path_factory.mktemp("synth") / "imagenet"
     with warnings.catch_warnings():
@@ -88,7 +88,7 @@ def _noise_jpeg(path, side, seed):
 def big_db(tmp_path_factory):
     """~25 MB: 2 classes x 60 noise JPEGs of ~170 KB, plus one of ~4 MB."""
     from seqloader import WriteOptions, preprocess
-    from seqloader.database import open_database
+    from seqloader.read.database import open_database
 
     root = tmp_path_factory.mktemp("bigtree")
     for c in range(2):
@@ -106,8 +106,8 @@ def big_db(tmp_path_factory):
 
 def read_records(path) -> list:
     """All (global index, Record) of a database, via the public format helpers."""
-    from seqloader.database import close_env, open_database, open_env
-    from seqloader.format import decode_key, encode_key, is_record_key, unpack_record
+    from seqloader.read.database import close_env, open_database, open_env
+    from seqloader.format.spec import decode_key, encode_key, is_record_key, unpack_record
 
     db = open_database(path)
     out = []
@@ -125,7 +125,7 @@ def read_records(path) -> list:
 
 def raw_items(path) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of one LMDB file, metadata included."""
-    from seqloader.database import close_env, open_env
+    from seqloader.read.database import close_env, open_env
 
     env = open_env(path)
     with env.begin() as txn:
@@ -136,8 +136,8 @@ def raw_items(path) -> list[tuple[bytes, bytes]]:
 
 def assert_extents_match(path) -> None:
     """The metadata's record extents point at exactly the bytes LMDB holds for each record."""
-    from seqloader.database import open_database
-    from seqloader.format import META_KEY, meta_extents
+    from seqloader.read.database import open_database
+    from seqloader.format.spec import META_KEY, meta_extents
 
     db = open_database(path)  # (finds the whole shard set)
     meta = db.metas[[p.resolve() for p in db.paths].index(path.resolve())]
@@ -150,7 +150,7 @@ def assert_extents_match(path) -> None:
 
 def resident_fraction(path) -> float:
     """The share of ``path``'s pages in the page cache (the benchmarks' mincore probe)."""
-    from seqloader.bench import residency
+    from seqloader.tools.bench import residency
 
     share = residency([path])
     assert share is not None, f"mincore cannot see {path}"
@@ -187,7 +187,8 @@ def old_empty_database(tmp_path: Path) -> Path:
     bad-files report (the real writer, with its removal of that file switched off)."""
     from unittest import mock
 
-    from seqloader import NoRecordsError, WriteOptions, preprocess, writer
+    from seqloader import NoRecordsError, WriteOptions, preprocess
+    from seqloader.write import writer
 
     tree, out = junk_tree(tmp_path / "junk"), tmp_path / "old-empty"
     with mock.patch.object(writer, "_remove_db", lambda path: None), \

@@ -10,10 +10,10 @@ import warnings
 import numpy as np
 import pytest
 
-from seqloader import bench
+from seqloader.tools import bench
 from conftest import old_empty_database, raw_items
-from seqloader.bench import cpu_limit, evict, measure, residency
-from seqloader.format import is_record_key
+from seqloader.tools.bench import cpu_limit, evict, measure, residency
+from seqloader.format.spec import is_record_key
 
 RESULT_KEYS = {"loader": str, "mode": str, "workers": int, "batch_size": int,
                "images": int, "batches": int, "seconds": float, "images_per_s": float,
@@ -30,7 +30,7 @@ def data(tmp_path_factory):
     """A clean tree (no undecodable files: the files loader would stop on them, like a
     DataLoader) and its database: 4 classes x 16 small images."""
     from seqloader import WriteOptions, preprocess
-    from seqloader.synth import make_synthetic_imagenet
+    from seqloader.tools.synth import make_synthetic_imagenet
 
     root = tmp_path_factory.mktemp("bench") / "imagenet"
     with warnings.catch_warnings():
@@ -289,7 +289,7 @@ def test_run_bench_raises_for_bad_path(tmp_path):
 def test_monitor_keeps_its_sampling_within_its_cpu_budget():
     """The memory sampler backs off when a sample is expensive (smaps_rollup of big
     processes), so it takes at most ``budget`` of a core from the measured pipeline."""
-    from seqloader.bench import _TreeMonitor
+    from seqloader.tools.bench import _TreeMonitor
 
     mon = _TreeMonitor(interval=0.5, budget=0.01)
     mon.sample()  # a real sample of this process: costs something, is recorded

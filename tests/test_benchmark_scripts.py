@@ -45,8 +45,8 @@ def _bench_module(name: str):
 def test_fast_epoch_order_is_the_loader_order():
     sq = _bench_module("shuffle_quality")
     fast_epoch_order, pair_repeat = sq.fast_epoch_order, sq.pair_repeat
-    from seqloader.plan import PlanSpec
-    from seqloader.quality import epoch_order
+    from seqloader.read.plan import PlanSpec
+    from seqloader.tools.quality import epoch_order
 
     for spec, cache in [(PlanSpec((1000,), 16, 7, True, num_workers=2), 50),
                         (PlanSpec((3, 500, 497), 16, 50, True, seed=4), 100),
@@ -258,7 +258,7 @@ def test_reduced_by_size_fractional_renders_the_same_crop():
     crop differs by tens."""
     rbs = _bench_module("reduced_by_size")
     MEAN, STD, make_set = rbs.MEAN, rbs.STD, rbs.make_set  # (from transforms_bench)
-    from seqloader.images import add_restart_markers
+    from seqloader.format.jpeg import add_restart_markers
     from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,
                                       RandomResizedCrop, ToTensor, compile_fused)
 

@@ -96,7 +96,7 @@ def test_multiprocess_map_keeps_order_and_reports_errors(lmdb_dir):
 
 
 def test_mapdata_refuses_none():
-    from seqloader.dataflow import DataFlow
+    from seqloader.dataflow.stages import DataFlow
 
     class Items(DataFlow):
         def __iter__(self):

@@ -14,10 +14,10 @@ import simplejpeg
 
 from conftest import read_records
 from seqloader import Loader, WriteOptions, scan_class_tree, write_split
-from seqloader.decoders import captured_stderr, clean_jpeg_header
-from seqloader.images import check_stored, prepare_image, sniff_format
+from seqloader.write.decoders import captured_stderr, clean_jpeg_header
+from seqloader.format.jpeg import check_stored, prepare_image, sniff_format
 from seqloader.transforms import Compose, RandomResizedCrop, ToTensor
-from seqloader.writer import WARNED
+from seqloader.write.writer import WARNED
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -1,7 +1,7 @@
 """``seqloader demo``: the README's first command, end to end, and after an interruption."""
 import pytest
 
-from seqloader import demo, synth
+from seqloader.tools import demo, synth
 
 
 def test_demo_runs_end_to_end_and_again_after_an_interrupted_generation(tmp_path, monkeypatch,

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-import seqloader.direct as direct
-import seqloader.reader as reader_mod
+import seqloader.read.direct as direct
+import seqloader.read.reader as reader_mod
 import seqloader.transforms as T
 from seqloader import Loader
-from seqloader.database import Database, open_database
-from seqloader.format import META_KEY, FormatError
-from seqloader.reader import RangeReader
+from seqloader.read.database import Database, open_database
+from seqloader.format.spec import META_KEY
+from seqloader.errors import FormatError
+from seqloader.read.reader import RangeReader
 
 from conftest import raw_items
 
@@ -238,7 +239,7 @@ def test_loader_batches_are_identical_with_direct_io(big_db, monkeypatch):
 def test_raw_loader_with_direct_io_in_file_order(big_db, monkeypatch):
     """transform=None, shuffle=False: every record once, in file order, as stored."""
     _small_blocks(monkeypatch)
-    from seqloader.format import unpack_record
+    from seqloader.format.spec import unpack_record
 
     want = [unpack_record(v) for v in _records(big_db)]
     with Loader(big_db.paths[0], "train", None, batch_size=7, num_workers=0, io="direct") as ld:
@@ -250,7 +251,7 @@ def test_raw_loader_with_direct_io_in_file_order(big_db, monkeypatch):
 def test_dataflow_reader_with_direct_io(big_db, monkeypatch):
     """``LMDBData(io='direct')``: the same [image, label] stream as the page-cache path."""
     _small_blocks(monkeypatch)
-    from seqloader.dataflow import LMDBData
+    from seqloader.dataflow.stages import LMDBData
 
     got = {}
     for io in ("buffered", "direct"):
@@ -268,7 +269,7 @@ def test_records_larger_than_the_ring_come_from_the_file_as_opened(big_db, monke
     descriptor, not by path: a file renamed or replaced meanwhile must not change it."""
     import shutil
 
-    from seqloader.database import open_database
+    from seqloader.read.database import open_database
 
     _small_blocks(monkeypatch, 4 * KB, 12 * KB)  # every record larger than the ring
     path = tmp_path / "ILSVRC-train.lmdb"

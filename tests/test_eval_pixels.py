@@ -1,5 +1,5 @@
 """The fused evaluation path gives the unfused transforms' pixels (NOTE [ exact evaluation
-crops ] in seqloader/_fused.py); how far the training path's reduced decode is from them;
+crops ] in seqloader/transforms/fused.py); how far the training path's reduced decode is from them;
 how far the transforms are from PIL (torchvision's reference) on the same array."""
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ import pytest
 from conftest import read_records
 from test_transforms import _run, jpeg, val_recipe
 
-from seqloader import _fused
-from seqloader.transforms import (CenterCrop, Compose, RandomResizedCrop, Resize, ToTensor,
-                                  compile_fused, decode_rgb)
+from seqloader.transforms import (fused as _fused, CenterCrop, Compose, RandomResizedCrop, Resize,
+                                  ToTensor, compile_fused, decode_rgb)
 
 
 def detailed_jpeg(h: int, w: int, seed: int, quality: int = 90) -> bytes:
     """A detailed photo-like JPEG: synth's textured image (stripes, shapes, grain) plus
     fine noise, so that sub-pixel shifts show as they do on real photos."""
-    from seqloader.synth import make_image
+    from seqloader.tools.synth import make_image
     rng = np.random.default_rng([seed, h, w])
     img = make_image(rng, seed % 10, 10, h, w).astype(np.float32)
     img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)

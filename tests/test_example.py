@@ -49,7 +49,7 @@ def load(path):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     from seqloader import WriteOptions, preprocess
-    from seqloader.synth import make_synthetic_imagenet
+    from seqloader.tools.synth import make_synthetic_imagenet
 
     root = tmp_path_factory.mktemp("example")
     with warnings.catch_warnings():
@@ -225,7 +225,7 @@ def test_ddp_validation_with_uneven_batches_across_ranks(tmp_path):
     the DDP wrapper, whose forward is a collective (a buffer broadcast): the rank without
     a batch went on to all_reduce and both waited forever.  Same for --evaluate."""
     from seqloader import WriteOptions, preprocess
-    from seqloader.synth import make_synthetic_imagenet
+    from seqloader.tools.synth import make_synthetic_imagenet
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -247,7 +247,7 @@ def test_ddp_validation_with_uneven_batches_across_ranks(tmp_path):
 def long_val(tmp_path_factory):
     """Few training images, many validation ones: validation takes seconds."""
     from seqloader import WriteOptions, preprocess
-    from seqloader.synth import make_synthetic_imagenet
+    from seqloader.tools.synth import make_synthetic_imagenet
 
     root = tmp_path_factory.mktemp("longval")
     with warnings.catch_warnings():

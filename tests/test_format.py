@@ -4,10 +4,11 @@ import lmdb
 import msgpack
 import pytest
 
-from seqloader.database import open_database
-from seqloader.format import (FORMAT_VERSION, META_KEY, FormatError, IncompleteError, Record,
-                              decode_key, encode_key, find_database, is_record_key, pack_meta,
-                              pack_record, shard_path, unpack_meta, unpack_record)
+from seqloader.read.database import open_database
+from seqloader.format.spec import (FORMAT_VERSION, META_KEY, Record, decode_key, encode_key,
+                                   find_database, is_record_key, pack_meta, pack_record,
+                                   shard_path, unpack_meta, unpack_record)
+from seqloader.errors import FormatError, IncompleteError
 
 
 def test_keys_sort_in_index_order_and_after_meta():
@@ -120,7 +121,7 @@ def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
     import hashlib
     import shutil
 
-    from seqloader.verify import verify_database
+    from seqloader.write.verify import verify_database
     from conftest import raw_items
 
     src = lmdb_dir / "ILSVRC-val.lmdb"
@@ -174,7 +175,7 @@ def test_a_truncated_copy_is_named_not_a_crash(lmdb_dir, tmp_path, keep):
     data = src.read_bytes()
     cut = tmp_path / "ILSVRC-train.lmdb"
     cut.write_bytes(data[:int(len(data) * keep)])
-    code = ("from seqloader.database import open_database\n"
+    code = ("from seqloader.read.database import open_database\n"
             f"open_database({str(cut)!r})\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r
@@ -186,7 +187,7 @@ def test_shard_files_of_a_split_name_with_glob_characters(tmp_path):
     shards."""
     from pathlib import Path
 
-    from seqloader.format import is_shard_name, shard_files, shard_path
+    from seqloader.format.spec import is_shard_name, shard_files, shard_path
 
     for k in range(2):
         shard_path(tmp_path / "ILSVRC-train.lmdb", k, 2).write_bytes(b"")

@@ -9,8 +9,7 @@ import torch
 pytestmark = pytest.mark.needs("accelerate")
 accelerate = pytest.importorskip("accelerate")
 
-from seqloader import Loader  # noqa: E402
-from seqloader import transforms as T  # noqa: E402
+from seqloader import Loader, transforms as T
 
 KW = dict(batch_size=4, shuffle=True, num_workers=2, seed=7, cache=16)
 EPOCHS = 2

@@ -11,8 +11,7 @@ import torch
 pytestmark = pytest.mark.needs("lightning")
 pl = pytest.importorskip("lightning.pytorch")
 
-from seqloader import Loader  # noqa: E402
-from seqloader import transforms as T  # noqa: E402
+from seqloader import Loader, transforms as T
 
 KW = dict(batch_size=4, shuffle=True, num_workers=2, seed=3, cache=16)
 

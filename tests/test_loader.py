@@ -10,7 +10,7 @@ import torch
 
 from conftest import read_records
 from seqloader import Loader, open_database
-from seqloader.format import shard_path
+from seqloader.format.spec import shard_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def _boom(img):
 def test_a_transform_failing_on_record_0_names_it(lmdb_dir, nw):
     """The caller runs the transform on record 0 to learn the sample shape; a failure
     there is named like any other record's (it was a bare exception)."""
-    from seqloader.producer import RecordError
+    from seqloader.errors import RecordError
     recs = read_records(lmdb_dir / "ILSVRC-train.lmdb")
     loader = Loader(lmdb_dir, "train", _boom, batch_size=4, num_workers=nw)
     with pytest.raises(RecordError) as ei:
@@ -118,7 +118,7 @@ def test_num_workers_0_leaves_the_callers_global_generators_alone(lmdb_dir):
 
 def test_target_transform_must_return_an_integer(lmdb_dir):
     """Batch labels are int64: a float label was truncated silently (0.5 -> 0)."""
-    from seqloader.producer import RecordError
+    from seqloader.errors import RecordError
     ok = Loader(lmdb_dir, "val", _mean_color, batch_size=4, num_workers=0,
                 target_transform=lambda y: np.int16(y) + True)
     recs = read_records(lmdb_dir / "ILSVRC-val.lmdb")
@@ -415,9 +415,8 @@ def test_restart_marked_database_gives_the_same_batches(synth_tree, lmdb_dir, tm
     """A database written with --restart-markers (decoded in restart windows by the
     workers) yields exactly the batches of the plain one."""
     import warnings
-    from seqloader import WriteOptions, preprocess
-    from seqloader import transforms as T
-    from seqloader.images import restart_grid
+    from seqloader import WriteOptions, preprocess, transforms as T
+    from seqloader.format.jpeg import restart_grid
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         preprocess(synth_tree.root, tmp_path, splits=["train"],
@@ -492,8 +491,8 @@ def _slow_mean_color(img, rng=None):
 def test_a_read_ahead_failure_is_the_next_epochs_error(lmdb_dir, monkeypatch):
     """Reading ahead into epoch 1 fails: epoch 0 still completes, and epoch 1 raises the
     reader's error (with its traceback) instead of hanging."""
-    from seqloader.feeder import Feeder
-    from seqloader.parallel import WorkerError
+    from seqloader.dataflow.feeder import Feeder
+    from seqloader.errors import WorkerError
     real = Feeder.batches
 
     def batches(self, plan, first=0, **kw):
@@ -517,7 +516,7 @@ def test_close_does_not_wait_for_a_read_ahead(lmdb_dir, monkeypatch):
     """close() after an epoch stops the reader in the middle of reading the next epoch's
     first batch (here made 0.2 s per record: ~8 s for its 40) instead of waiting."""
     import time
-    from seqloader.reader import RangeReader
+    from seqloader.read.reader import RangeReader
     calls = []
     real = RangeReader.read
 
@@ -625,8 +624,8 @@ def _ids_of(it):
 def test_a_database_file_of_another_split_is_refused(lmdb_dir):
     """A direct path to a .lmdb file with a split that is not the file's own (e.g. the
     train file passed for 'val') was silently used: validation on the training set."""
-    from seqloader.dataflow import LMDBData
-    from seqloader.format import FormatError
+    from seqloader.dataflow.stages import LMDBData
+    from seqloader.errors import FormatError
     train = lmdb_dir / "ILSVRC-train.lmdb"
     with pytest.raises(FormatError, match=r"holds split 'train', not 'val'"):
         Loader(train, "val", None, batch_size=4, num_workers=0)

@@ -12,8 +12,7 @@ import torch
 
 import seqloader.transforms as T
 from seqloader import Loader
-from seqloader.parallel import WorkerDiedError, WorkerError
-from seqloader.producer import RecordError
+from seqloader.errors import WorkerDiedError, WorkerError, RecordError
 
 SMALL = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
 
@@ -218,8 +217,8 @@ def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_di
     while decoding (here the 21st of 40, in the second run) is the one named."""
     import numpy as np
     from conftest import read_records
-    from seqloader.format import pack_record
-    from seqloader.producer import _RUN, ProducerSpec, batch_rng, decode_batch
+    from seqloader.format.spec import pack_record
+    from seqloader.dataflow.batch import _RUN, ProducerSpec, batch_rng, decode_batch
     recs = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")][:40]
     assert len(recs) == 40 and _RUN < 21 < 2 * _RUN
     fused = T.compile_fused(T.Compose([T.RandomResizedCrop(24, scale=(0.05, 0.5)),

@@ -3,9 +3,9 @@ import itertools
 import numpy as np
 import pytest
 
-from seqloader.plan import (PlanSpec, batch_sizes, make_chunks, num_batches,
-                            plan_epoch)
-from seqloader.shuffle import ShuffleBuffer, shuffle_order, shuffled
+from seqloader.read.plan import (PlanSpec, batch_sizes, make_chunks, num_batches,
+                                 plan_epoch)
+from seqloader.dataflow.shuffle import ShuffleBuffer, shuffle_order, shuffled
 
 
 def records_of(ranges):

@@ -7,7 +7,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from seqloader.pool import _ARENAS, ordered_map, ordered_process_map
+from seqloader.dataflow.ordered import _ARENAS, ordered_map, ordered_process_map
 
 
 def _payload(i: int) -> bytes:

@@ -1,9 +1,9 @@
 import numpy as np
 
 from seqloader import Loader, open_database
-from seqloader.plan import PlanSpec
-from seqloader.quality import (distinct_ratio, epoch_correlation, epoch_order,
-                               expected_distinct, shuffle_quality)
+from seqloader.read.plan import PlanSpec
+from seqloader.tools.quality import (distinct_ratio, epoch_correlation, epoch_order,
+                                     expected_distinct, shuffle_quality)
 
 
 def test_epoch_order_is_what_the_loader_yields(lmdb_dir):

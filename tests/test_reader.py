@@ -11,10 +11,11 @@ import torch
 
 import seqloader.transforms as T
 from seqloader import Loader
-from seqloader.database import Database, close_env, open_database, open_env
-from seqloader.format import EXTENT_DTYPE, META_KEY, FormatError, encode_key
-from seqloader.producer import ProducerSpec
-from seqloader.reader import RangeReader
+from seqloader.read.database import Database, close_env, open_database, open_env
+from seqloader.format.spec import EXTENT_DTYPE, META_KEY, encode_key
+from seqloader.errors import FormatError
+from seqloader.dataflow.batch import ProducerSpec
+from seqloader.read.reader import RangeReader
 
 from conftest import assert_extents_match, raw_items
 
@@ -90,7 +91,7 @@ def test_readahead_skips_blocks_already_cached(big_db):
 def _cached_pages(path, offset: int, length: int) -> int:
     """How many pages of ``path[offset:offset + length]`` are in the page cache (the
     benchmarks' mincore probe)."""
-    from seqloader.bench import _resident_pages
+    from seqloader.tools.bench import _resident_pages
 
     got = _resident_pages(str(path), offset, offset + length)
     assert got is not None, f"mincore cannot see {path}"
@@ -102,7 +103,7 @@ def test_readahead_reads_only_the_pages_not_cached(big_db):
     a whole 16 MiB re-read; the records are the same."""
     import os
 
-    from seqloader.pages import LIBC, PAGE
+    from seqloader.read.pages import LIBC, PAGE
 
     if LIBC is None:
         pytest.skip("no libc: mincore unavailable")
@@ -224,7 +225,7 @@ def test_extents_that_do_not_fit_the_file_are_a_clear_error(big_db, damage):
 def test_spans_cover_every_record_and_skip_far_outliers(big_db):
     """LMDB now and then puts a value in reused free pages far earlier in the file: it
     gets a span of its own instead of one span over everything in between."""
-    from seqloader.reader import _Shard
+    from seqloader.read.reader import _Shard
 
     sh = _Shard(str(big_db.paths[0]), big_db.metas[0], True)
     try:
@@ -258,9 +259,9 @@ def test_a_file_replaced_after_its_metadata_was_read_is_an_error(lmdb_dir, tmp_p
     its records elsewhere than the metadata says -- an error, not other records."""
     import shutil
 
-    from seqloader.database import open_database
-    from seqloader.format import FormatError
-    from seqloader.reader import RangeReader
+    from seqloader.read.database import open_database
+    from seqloader.errors import FormatError
+    from seqloader.read.reader import RangeReader
 
     path = tmp_path / "ILSVRC-train.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", path)
@@ -306,7 +307,7 @@ def test_a_file_cut_under_an_open_reader_is_named_and_a_replaced_one_kept(lmdb_d
     code = f"""
 import os
 from seqloader import Loader
-from seqloader.format import FormatError
+from seqloader.format.spec import FormatError
 path = {str(db / "ILSVRC-train.lmdb")!r}
 loader = Loader(os.path.dirname(path), "train", None, batch_size=4, num_workers=0)
 list(loader)

@@ -15,8 +15,8 @@ import lmdb
 import numpy as np
 import pytest
 
-from seqloader.format import META_KEY
-from seqloader.lmdbpages import lookup_first_leaf
+from seqloader.format.spec import META_KEY
+from seqloader.read.lmdbpages import lookup_first_leaf
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -70,13 +70,13 @@ def nginx(sharded_dir, lmdb_dir, tmp_path_factory):
 
 
 def _opts(moto, endpoint=None, **kw):
-    from seqloader.remote import RemoteOptions
+    from seqloader.read.remote import RemoteOptions
 
     return RemoteOptions(storage_options=moto.storage_options(endpoint), **kw)
 
 
 def _all_records(db) -> list[tuple[int, bytes]]:
-    from seqloader.reader import RangeReader
+    from seqloader.read.reader import RangeReader
 
     reader = RangeReader(db, prefetch_bytes=64 << 10)
     try:
@@ -113,7 +113,7 @@ def test_metadata_from_pages_matches_lmdb(tmp_path):
     env.close()
     data2 = small.read_bytes()
     assert lookup_first_leaf(lambda o, n: data2[o:o + n], len(data2), META_KEY, where="s") == b"tiny"
-    from seqloader.format import FormatError
+    from seqloader.errors import FormatError
 
     with pytest.raises(FormatError, match="truncated"):
         lookup_first_leaf(read, len(data) // 2, META_KEY, where="t")
@@ -154,8 +154,8 @@ def test_s3_loader_same_batches_as_local(moto, s3_url, lmdb_dir):
 
 @pytest.mark.needs("s3fs", "moto")
 def test_s3_ranks_read_only_their_chunks(moto, s3_url, lmdb_dir):
-    from seqloader.database import open_database
-    from seqloader.reader import RangeReader
+    from seqloader.read.database import open_database
+    from seqloader.read.reader import RangeReader
 
     db = open_database(s3_url, "train", remote=_opts(moto, block=8192))
     local = dict(_all_records(open_database(lmdb_dir, "train")))
@@ -172,7 +172,7 @@ def test_s3_ranks_read_only_their_chunks(moto, s3_url, lmdb_dir):
 def test_s3_cache_second_epoch_reads_nothing(moto, s3_url, lmdb_dir, tmp_path):
     """Counted on the server: the second epoch (a new process's reader too) GETs nothing;
     a damaged cached block is detected and fetched again."""
-    from seqloader.database import open_database
+    from seqloader.read.database import open_database
 
     opts = _opts(moto, cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 30, block=64 << 10)
     db = open_database(s3_url, "train", remote=opts)
@@ -195,8 +195,8 @@ def test_s3_cache_second_epoch_reads_nothing(moto, s3_url, lmdb_dir, tmp_path):
 
 
 def test_block_cache_is_bounded(tmp_path):
-    from seqloader.remote import RemoteFile, RemoteOptions
-    from seqloader.remotecache import BlockCache
+    from seqloader.read.remote import RemoteFile, RemoteOptions
+    from seqloader.read.remotecache import BlockCache
 
     cache = BlockCache(tmp_path, limit=10 * 4096 + 100, block=4096)
     f = RemoteFile("s3://b/k", 1 << 20, '"e"', RemoteOptions())
@@ -215,8 +215,8 @@ def test_block_cache_is_bounded(tmp_path):
 def test_s3_faults_are_retried(moto, s3_url, lmdb_dir):
     """Resets, 503 SlowDown, a reply cut mid-body, a stuck reply (past ``timeout``) and the
     server gone for a second mid-epoch: every record arrives once, in order."""
-    from seqloader.database import open_database
-    from seqloader.reader import RangeReader
+    from seqloader.read.database import open_database
+    from seqloader.read.reader import RangeReader
 
     faults = {3: "reset", 5: "503", 6: "503", 8: "cut", 10: "slow:3", 13: "500"}
     proxy = rs.FaultProxy(moto.port, lambda n, line: faults.get(n) if "GET" in line else None)
@@ -240,9 +240,9 @@ def test_s3_faults_are_retried(moto, s3_url, lmdb_dir):
 @pytest.mark.slow
 @pytest.mark.needs("s3fs", "moto")
 def test_s3_permanent_errors_name_url_and_range(moto, s3_url, lmdb_dir, tmp_path):
-    from seqloader.database import open_database
-    from seqloader.reader import RangeReader
-    from seqloader.remote import RemoteChangedError, RemoteError
+    from seqloader.read.database import open_database
+    from seqloader.read.reader import RangeReader
+    from seqloader.read.remote import RemoteChangedError, RemoteError
 
     with pytest.raises(FileNotFoundError, match="no database for split"):
         open_database(s3_url + "-missing", "train", remote=_opts(moto))
@@ -291,8 +291,8 @@ def test_cli_info_and_verify_accept_urls(moto, s3_url):
 @pytest.mark.needs("s3fs", "moto")
 def test_verify_remote_finds_damage(moto, lmdb_dir, tmp_path, monkeypatch):
     """A record flipped on the server (metadata intact) fails the checksum."""
-    from seqloader.database import open_database
-    from seqloader.verify import verify_database
+    from seqloader.read.database import open_database
+    from seqloader.write.verify import verify_database
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -312,7 +312,7 @@ def test_verify_remote_finds_damage(moto, lmdb_dir, tmp_path, monkeypatch):
 _DDP = r"""
 import os, sys, json, torch.distributed as dist
 from seqloader import Loader
-from seqloader.remote import RemoteOptions
+from seqloader.read.remote import RemoteOptions
 dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2,
                         init_method="tcp://127.0.0.1:" + sys.argv[3])
 loader = Loader(sys.argv[1], "train", batch_size=4, shuffle=True, num_workers=1)
@@ -355,7 +355,7 @@ def test_http_sharded_same_as_local(nginx, sharded_dir):
     URL; every record equals the local copy's."""
     pytest.importorskip("fsspec")
     pytest.importorskip("aiohttp")
-    from seqloader.database import open_database
+    from seqloader.read.database import open_database
 
     want = _all_records(open_database(sharded_dir, "train"))
     by_folder = open_database(nginx.url + "/sharded", "train")
@@ -369,9 +369,9 @@ def test_http_sharded_same_as_local(nginx, sharded_dir):
 def test_http_server_restart_mid_epoch(nginx, lmdb_dir):
     pytest.importorskip("fsspec")
     pytest.importorskip("aiohttp")
-    from seqloader.database import open_database
-    from seqloader.reader import RangeReader
-    from seqloader.remote import RemoteOptions
+    from seqloader.read.database import open_database
+    from seqloader.read.reader import RangeReader
+    from seqloader.read.remote import RemoteOptions
 
     db = open_database(nginx.url + "/single", "train", remote=RemoteOptions(block=16 << 10))
     want = _all_records(open_database(lmdb_dir, "train"))
@@ -403,7 +403,7 @@ def test_http_loader_same_batches(nginx, lmdb_dir):
 
 
 def test_urls_never_show_credentials():
-    from seqloader.remote import _describe, safe_url
+    from seqloader.read.remote import _describe, safe_url
 
     assert safe_url("https://user:pw@host/a/b.lmdb?X-Amz-Signature=abc") == "https://host/a/b.lmdb"
     e = OSError("GET https://user:pw@host/x?X-Amz-Signature=abc failed")

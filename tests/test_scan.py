@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from seqloader.scan import scan_class_tree, scan_labelled_folder
+from seqloader.write.scan import scan_class_tree, scan_labelled_folder
 
 
 def _touch(p, data=b"x"):

@@ -1,4 +1,4 @@
-"""Tests for seqloader.synth (fast: size="small", tmp_path)."""
+"""Tests for seqloader.tools.synth (fast: size="small", tmp_path)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
-from seqloader import synth
-from seqloader.synth import SynthReport, make_image, make_synthetic_imagenet
+from seqloader.tools import synth
+from seqloader.tools.synth import SynthReport, make_image, make_synthetic_imagenet
 
 HAVE_PIL = synth._pil_available()
 
@@ -265,7 +265,7 @@ def test_workers_after_parent_used_opencv_threads(tmp_path):
         "import cv2, numpy as np, sys\n"
         "n0 = cv2.getNumThreads()\n"
         "cv2.resize(np.zeros((1500, 1500, 3), np.float32), (2000, 2000))\n"
-        "from seqloader.synth import make_synthetic_imagenet\n"
+        "from seqloader.tools.synth import make_synthetic_imagenet\n"
         "r = make_synthetic_imagenet(sys.argv[1], classes=2, per_class=6, val_per_class=0,\n"
         "                            size='small', workers=2, progress=False)\n"
         "assert r.counts == {'train': 12}, r.counts\n"

@@ -493,7 +493,7 @@ def _variants(index: bool = False) -> dict[str, bytes]:
         out[name] = cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_RST_INTERVAL, interval])[1].tobytes()
     out["small"] = jpeg(smooth_rgb(90, 70, seed=8))  # upscaled: the warpAffine branch
     if index:
-        from seqloader.images import add_restart_index
+        from seqloader.format.jpeg import add_restart_index
         indexed = {f"{n}+index": add_restart_index(d) for n, d in out.items()}
         out.update({n: d for n, d in indexed.items() if d != out[n[:-len("+index")]]})
     return out
@@ -504,8 +504,8 @@ def test_grey_jpeg_with_sampling_factors_has_one_block_mcus():
     """A one-component scan is not interleaved: its MCU is one 8x8 block even when the
     header gives the component 2x2 sampling (cjpeg -grayscale -sample 2x2).  A 16 px MCU
     made the restart grid wrong, so such files were always decoded whole."""
-    from seqloader import _fused
-    from seqloader.images import jpeg_frame, restart_layout
+    from seqloader.transforms import fused as _fused
+    from seqloader.format.jpeg import jpeg_frame, restart_layout
 
     grey = smooth_rgb(301, 333, seed=3)[..., 1]
     pgm = cv2.imencode(".pgm", grey)[1].tobytes()
@@ -525,7 +525,7 @@ def test_grey_jpeg_with_sampling_factors_has_one_block_mcus():
 
 
 def test_jpeg_frame_reports_mcu_rows():
-    from seqloader.images import jpeg_frame
+    from seqloader.format.jpeg import jpeg_frame
     v = _variants()
     frames = {name: jpeg_frame(data) for name, data in v.items()}
     assert {n: f.mcu_height for n, f in frames.items()} == {
@@ -557,8 +557,8 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     """NOTEs [ row-limited decode ] and [ restart windows ]: stopping the decoder below
     the crop, and starting it at a restart marker above it, give exactly the full
     decode's sample, at every scale, chroma layout and resampling kernel."""
-    from seqloader import _fused
-    from seqloader.images import jpeg_frame
+    from seqloader.transforms import fused as _fused
+    from seqloader.format.jpeg import jpeg_frame
     approx = {"eval_mode": "approximate"}  # (the exact one: test_exact_eval_*)
     part, whole = (compile_fused(recipe, **approx),
                    compile_fused(recipe, partial_decode=False, **approx))
@@ -599,8 +599,8 @@ def test_restart_window_matches_full_decode(reach):
     the full decode from ``reach`` decoded px outside the crop inwards (NOTE [ render
     reach ]) -- for crops starting on, just before and just after every kind of segment
     boundary, at every scale."""
-    from seqloader import _fused
-    from seqloader.images import jpeg_frame
+    from seqloader.transforms import fused as _fused
+    from seqloader.format.jpeg import jpeg_frame
     local = _fused.threading.local()
     checked = narrowed = 0
     variants = _variants(index=True)
@@ -640,7 +640,7 @@ def test_restart_window_matches_full_decode(reach):
 
 def test_partial_decode_same_samples_without_simplejpeg(monkeypatch):
     """Without simplejpeg every image is decoded whole by OpenCV: same samples."""
-    from seqloader import _fused
+    from seqloader.transforms import fused as _fused
     data = _variants()["420"]
     pipe = compile_fused(train_recipe())
     want = [_run(pipe, data, s) for s in range(6)]
@@ -651,7 +651,7 @@ def test_partial_decode_same_samples_without_simplejpeg(monkeypatch):
 
 
 def test_partial_decode_survives_damaged_and_odd_jpegs():
-    from seqloader import _fused
+    from seqloader.transforms import fused as _fused
     data = _variants()["420"]
     pipe = compile_fused(Compose([RandomResizedCrop(64)]))
     with pytest.raises(ValueError, match="cannot decode JPEG"):
@@ -816,8 +816,8 @@ def test_restart_windows_survive_damaged_markers():
     """A JPEG whose restart markers are not where its header says (a marker overwritten,
     bytes cut out) is decoded whole instead (with libjpeg's warnings, like any damaged
     JPEG), or fails with the usual error -- never a crash or a hang."""
-    from seqloader import _fused
-    from seqloader.images import jpeg_frame, jpeg_scan
+    from seqloader.transforms import fused as _fused
+    from seqloader.format.jpeg import jpeg_frame, jpeg_scan
     data = _variants()["restart-4mcu"]
     frame = jpeg_frame(data)
     scan = jpeg_scan(data, frame)
@@ -849,9 +849,9 @@ def test_restart_index_is_used_and_a_wrong_one_is_not_trusted():
     finds, is left out of spliced copies, and where it disagrees with the data (here two
     segment lengths swapped: the same count and total) the markers are found by
     scanning -- same samples as a full decode."""
-    from seqloader import _fused
-    from seqloader.images import (_INDEX_TAG, add_restart_index, indexed_marks, jpeg_frame,
-                                  jpeg_scan, restart_marks)
+    from seqloader.transforms import fused as _fused
+    from seqloader.format.jpeg import (_INDEX_TAG, add_restart_index, indexed_marks, jpeg_frame,
+                                           jpeg_scan, restart_marks)
     data = _variants()["restart-4mcu"]
     indexed = add_restart_index(data)
     frame, buf = jpeg_frame(indexed), np.frombuffer(indexed, np.uint8)
@@ -898,7 +898,7 @@ def test_opencv_reads_nothing_outside_a_slice():
     the slice's edge) -- else the 1-px margin around a cut-out box would not hold."""
     import cv2
 
-    from seqloader import _fused
+    from seqloader.transforms import fused as _fused
     rng = np.random.default_rng(3)
     big = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
     view = big[40:250, 50:330]
@@ -937,8 +937,8 @@ def test_stopped_decode_margin_is_exact():
     crops ending at every residue of the MCU height, at every scale and chroma layout.
     (The margin is one decoded row: without it -- mutation-checked -- the last row of a
     4:2:0 image stopped on a row the render reads differs.)"""
-    from seqloader import _fused
-    from seqloader.images import jpeg_frame
+    from seqloader.transforms import fused as _fused
+    from seqloader.format.jpeg import jpeg_frame
     local = _fused.threading.local()
     checked = 0
     for name, data in _variants().items():

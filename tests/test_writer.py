@@ -17,9 +17,10 @@ from conftest import (assert_extents_match, raw_items, read_records, resident_fr
 from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
                        scan_class_tree, write_split)
 from seqloader.cli import main as cli
-from seqloader.format import FORMAT_VERSION, IncompleteError, META_KEY, encode_key, shard_path
-from seqloader.images import decode_bgr
-from seqloader.writer import write_order
+from seqloader.format.spec import FORMAT_VERSION, META_KEY, encode_key, shard_path
+from seqloader.errors import IncompleteError
+from seqloader.format.jpeg import decode_bgr
+from seqloader.write.writer import write_order
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +113,7 @@ def test_strict_does_not_accept_an_output_that_skipped_bad_files(synth_tree, tmp
     nor accept a complete output that skipped some (both used to exit 0 with the files
     skipped): a non-zero exit naming the bad-files report and --overwrite, the files
     left as they are."""
-    import seqloader.writer as W
+    import seqloader.write.writer as W
 
     real = W._ShardWriter._commit
 
@@ -277,7 +278,7 @@ def test_map_grows_on_demand(synth_tree, tmp_path):
 KILLABLE = textwrap.dedent("""
     import sys, time, warnings
     warnings.simplefilter("ignore")
-    import seqloader.writer as w
+    import seqloader.write.writer as w
     real = w.prepare_image
     def slow(*a, **k):
         time.sleep(0.01)
@@ -420,7 +421,7 @@ def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tre
                                                                          capsys, monkeypatch):
     from concurrent.futures.process import BrokenProcessPool
 
-    from seqloader import writer
+    from seqloader.write import writer
 
     scan = scan_class_tree(synth_tree.root / "val")
     out = tmp_path / "ILSVRC-val.lmdb"
@@ -443,7 +444,7 @@ def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tre
 
 def test_interrupt_hint_does_not_say_resume_with_overwrite(synth_tree, tmp_path, capsys,
                                                           monkeypatch):
-    pre = sys.modules["seqloader.preprocess"]  # (the module; the package exports the function)
+    pre = sys.modules["seqloader.write.preprocess"]  # (the module; the package exports the function)
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -531,7 +532,7 @@ needs_jpegtran = pytest.mark.needs("jpegtran")
 def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp_path):
     """--restart-markers: the same records in the same order, every JPEG with a restart
     marker at each MCU row, and every image decoding to exactly the same pixels."""
-    from seqloader.images import jpeg_frame, restart_grid
+    from seqloader.format.jpeg import jpeg_frame, restart_grid
     out = tmp_path / "rst"
     _quiet(preprocess, synth_tree.root, out, splits=["train"],
            options=_opts(restart_markers=True))
@@ -549,7 +550,7 @@ def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp
             assert b.reencoded == a.reencoded
         kinds.add(b.reencoded)
     assert {"restart", "png"} <= kinds
-    from seqloader.images import jpeg_scan
+    from seqloader.format.jpeg import jpeg_scan
     assert all(jpeg_scan(r.image, jpeg_frame(r.image)).index != (0, 0) for _, r in marked)
     meta = open_database(out, "train").metas[0]
     assert meta.writer["restart_markers"] is True and meta.writer["restart_index"] is True
@@ -560,8 +561,8 @@ def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp
 
 def test_restart_markers_without_jpegtran_is_a_clear_error(monkeypatch, synth_tree, tmp_path,
                                                           capsys):
-    import seqloader.writer
-    monkeypatch.setattr(seqloader.writer.shutil, "which", lambda name: None)
+    import seqloader.write.writer
+    monkeypatch.setattr(seqloader.write.writer.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="jpegtran on PATH .*apt install libjpeg-turbo-progs"):
         _opts(restart_markers=True)
     assert cli(["preprocess", str(synth_tree.root), str(tmp_path / "o"), "--restart-markers",
@@ -574,8 +575,8 @@ def test_written_records_leave_the_page_cache(tmp_path):
     """NOTE [ drop-behind ]: a written database's record pages are not left in the
     page cache (it would flood it on a 140 GB split), and the file still reads and
     verifies.  (Mutation: without ``_drop_behind`` nearly every page stays.)"""
-    from seqloader.synth import make_synthetic_imagenet
-    from seqloader.verify import verify_database
+    from seqloader.tools.synth import make_synthetic_imagenet
+    from seqloader.write.verify import verify_database
 
     skip_unless_pages_can_be_dropped(tmp_path)
     tree = _quiet(make_synthetic_imagenet, tmp_path / "src", classes=3, per_class=20,
@@ -600,7 +601,7 @@ def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(l
 
     import msgpack
 
-    from seqloader.verify import verify_database
+    from seqloader.write.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -631,8 +632,8 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
 
     import numpy as np
 
-    from seqloader.format import pack_meta, unpack_meta
-    from seqloader.verify import verify_database
+    from seqloader.format.spec import pack_meta, unpack_meta
+    from seqloader.write.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -653,7 +654,7 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
 def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch, capsys):
     """A full disk (or an unwritable folder) while writing: an error naming the file
     and what to do, not an LMDB traceback; re-running the same command resumes."""
-    import seqloader.writer as W
+    import seqloader.write.writer as W
 
     def full(self, env, pending, meta):
         raise lmdb.Error("mdb_txn_commit: Input/output error")
@@ -677,7 +678,7 @@ def test_a_run_that_waited_for_another_to_finish_takes_its_result(synth_tree, tm
     the finished database (not write into the renamed file or trip over stale state)."""
     import shutil
 
-    import seqloader.writer as W
+    import seqloader.write.writer as W
 
     _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     final = tmp_path / "ILSVRC-val.lmdb"
@@ -702,7 +703,7 @@ def test_overwrite_waits_for_the_writers_lock_before_removing_anything(synth_tre
     must take the lock first, and fail as usual while another process holds it."""
     import fcntl
 
-    import seqloader.writer as W
+    import seqloader.write.writer as W
 
     real_commit, real_lock = W._ShardWriter._commit, W._lock_or_fail
 
@@ -752,9 +753,9 @@ def test_verify_accepts_small_records_whose_extent_is_an_identical_copy(tmp_path
 
 def _reader_records(path):
     """Records as the Loader's reader returns them (through the metadata's extents)."""
-    from seqloader.database import open_database
-    from seqloader.format import unpack_record
-    from seqloader.reader import RangeReader
+    from seqloader.read.database import open_database
+    from seqloader.format.spec import unpack_record
+    from seqloader.read.reader import RangeReader
 
     db = open_database(path)
     reader = RangeReader(db)

@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 import seqloader.transforms as T
 from seqloader import Loader
-from seqloader.direct import IO_MODES
-from seqloader.format import FormatError
+from seqloader.read.direct import IO_MODES
+from seqloader.errors import FormatError
 
 try:  # optional: without torchvision, the ResNet-18 below is used
     import torchvision.models as tv_models

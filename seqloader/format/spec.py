@@ -12,9 +12,9 @@ A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
   ``"png"``, ``"bigtiff"``, ``"tga"``..., ``"resized"``, ``"restart"`` for the
   lossless restart-marker transcode, or ``"repaired"`` for a damaged JPEG that a
   decoder reads with a warning: its header's junk dropped, losslessly, or re-encoded
-  from what decodes -- NOTE [ damaged JPEGs ] in ``seqloader/images.py``).  Readers must ignore fields they do not know.  An image with restart
+  from what decodes -- NOTE [ damaged JPEGs ] in ``seqloader/format/jpeg.py``).  Readers must ignore fields they do not know.  An image with restart
   markers may carry a restart index (an APP15 segment before its SOS, NOTE [ restart
-  index ] in ``seqloader/images.py``): still a valid JPEG, which other decoders skip.
+  index ] in ``seqloader/format/jpeg.py``): still a valid JPEG, which other decoders skip.
 * One **metadata** value under the key :data:`META_KEY`, also a msgpack map (see
   :class:`Meta`).  It is written first with ``complete=False`` and rewritten with
   ``complete=True`` in the very last transaction, so a file whose metadata says
@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 import msgpack
 import numpy as np
+from ..errors import FormatError, IncompleteError
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError", "EmptyDatabaseError",
@@ -67,14 +68,6 @@ KEY_STRUCT = struct.Struct(">Q")
 KEY_SIZE = len(KEY_PREFIX) + KEY_STRUCT.size
 #: The checksum of a file with no records: 32 zero bytes, hex-encoded.
 EMPTY_CHECKSUM = "00" * 32
-
-
-class FormatError(ValueError):
-    """A file is not a seqloader database this version can read."""
-
-
-class IncompleteError(FormatError):
-    """A database whose writer has not finished (crashed, killed, or still running)."""
 
 
 class EmptyDatabaseError(FormatError):
@@ -180,7 +173,7 @@ class Meta:
     next_source: int = 0
     bad_files: list[list[str]] = field(default_factory=list)
     #: ``[path, warning]`` of sources stored although a decoder warned (NOTE [ damaged
-    #: JPEGs ] in ``seqloader/images.py``); absent in files of older writers
+    #: JPEGs ] in ``seqloader/format/jpeg.py``); absent in files of older writers
     warned_files: list[list[str]] = field(default_factory=list)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
@@ -341,7 +334,7 @@ def database_splits(folder: str | Path) -> list[str]:
 
 def _not_found(p: Path, split: str | None) -> str:
     """Why there is no database for ``split`` (None: for any split) in folder ``p``."""
-    from .scan import image_tree_hint  # (scan knows image files; format knows databases)
+    from ..write.scan import image_tree_hint  # (scan knows image files; format knows databases)
 
     hint = image_tree_hint(p)
     if hint is not None:

@@ -8,7 +8,7 @@ happens in constructors, so a stage can be built in a parent and sent to a
 worker).  Stages are not thread-safe and not reentrant: one iteration at a time.
 
 ``Loader`` does not stack these stages at run time (it fuses the same steps into
-each worker, see :mod:`seqloader.producer`); they are for composing your own
+each worker, see :mod:`seqloader.dataflow.batch`); they are for composing your own
 pipelines, with the names people know from tensorpack and the BayesWatch loader::
 
     df = LMDBData("lmdb/ILSVRC-train.lmdb", shuffle=True)
@@ -32,12 +32,12 @@ from typing import Any, Callable, Iterator
 import msgpack
 import numpy as np
 
-from .database import open_database
-from .parallel import WorkerError
+from ..read.database import open_database
+from ..errors import WorkerError
 from .passes import Pass
-from .plan import check_count, check_rank, chunk_order, make_chunks, rank_bounds, slice_ranges
-from .producer import seed_global_rngs
-from .reader import RangeReader
+from ..read.plan import check_count, check_rank, chunk_order, make_chunks, rank_bounds, slice_ranges
+from .batch import seed_global_rngs
+from ..read.reader import RangeReader
 from .shuffle import shuffled
 from .threads import forking_single_threaded, prepare_worker
 
@@ -88,7 +88,7 @@ class LMDBData(DataFlow):
     contiguous chunks of ``chunk_size`` records, in an order drawn from
     (``seed``, epoch) when ``shuffle`` (file order otherwise); ``rank``/``world_size``
     take disjoint slices (equal sizes when ``even``).  ``io``: page cache or direct
-    I/O, see :class:`~seqloader.reader.RangeReader`.  Reentrant: no.  Fork-safe:
+    I/O, see :class:`~seqloader.read.reader.RangeReader`.  Reentrant: no.  Fork-safe:
     before ``reset_state`` only.
     """
 
@@ -317,7 +317,7 @@ def _call_reporting(fn: Callable[[Any], Any], dp: Any, key: tuple[int, int, int]
     exception comes back as a RuntimeError carrying its type, message and traceback --
     some exceptions cannot be pickled or rebuilt in the parent, which the pool would
     report as a dead worker."""
-    from ._fused import seed_default
+    from ..transforms.fused import seed_default
     ss = np.random.SeedSequence([*key, 3])
     seed_default(ss)
     seed_global_rngs(int(ss.generate_state(1)[0]))

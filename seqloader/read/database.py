@@ -16,8 +16,9 @@ import os
 import lmdb
 import numpy as np
 
-from .format import (META_KEY, EmptyDatabaseError, FormatError, Meta, Record, bad_files_path,
-                     db_name, encode_key, find_database, unpack_meta, unpack_record)
+from ..format.spec import (META_KEY, EmptyDatabaseError, Meta, Record, bad_files_path, db_name,
+                           encode_key, find_database, unpack_meta, unpack_record)
+from ..errors import FormatError
 
 if TYPE_CHECKING:  # (imported when a URL is opened)
     from .remote import RemoteOptions, RemoteSource
@@ -112,7 +113,7 @@ class Database:
     #: that open the files later check them (:func:`check_identity`); None: unchecked
     identities: tuple[tuple[int, int, int, int], ...] | None = None
     #: set for a database at URLs (``paths`` then holds the URLs): the files as opened
-    #: and how to read them (:mod:`seqloader.remote`)
+    #: and how to read them (:mod:`seqloader.read.remote`)
     remote: "RemoteSource | None" = None
 
     @property
@@ -169,7 +170,7 @@ class Database:
 
 
     def _first_remote_record(self) -> Record:
-        from .format import meta_extents
+        from ..format.spec import meta_extents
         from .remote import safe_url
 
         f = self.remote.files[0]
@@ -183,14 +184,14 @@ class Database:
 def open_database(path: str | Path, split: str | None = None, *,
                   require_complete: bool = True, require_records: bool = True,
                   remote: "RemoteOptions | None" = None) -> Database:
-    """Find and check the shard files of a database (see :func:`~seqloader.format.find_database`).
+    """Find and check the shard files of a database (see :func:`~seqloader.format.spec.find_database`).
 
     ``path`` may be a URL (``s3://bucket/imagenet``, ``https://...``, any fsspec
-    protocol; NOTE [ remote reading ] in :mod:`seqloader.remote`), read as ``remote``
-    says (default :class:`~seqloader.remote.RemoteOptions`).  Raises
+    protocol; NOTE [ remote reading ] in :mod:`seqloader.read.remote`), read as ``remote``
+    says (default :class:`~seqloader.read.remote.RemoteOptions`).  Raises
     :class:`FormatError` if shards disagree (different writer runs, classes or
-    shard counts), :class:`~seqloader.format.IncompleteError` for unfinished files and,
-    when ``require_records``, :class:`~seqloader.format.EmptyDatabaseError` for a
+    shard counts), :class:`~seqloader.errors.IncompleteError` for unfinished files and,
+    when ``require_records``, :class:`~seqloader.format.spec.EmptyDatabaseError` for a
     complete database without records (:func:`empty_reason`).
     """
     from .remote import RemoteOptions, is_url, open_remote, safe_url

@@ -5,7 +5,7 @@
                          [--batch-size 256] [--batches N] [--seconds S] [--warmup 2]
                          [--cache 5000] [--cold] [--quality] [--json] [--no-progress]
 
-(also ``python -m seqloader.bench ...``).  ``PATH`` is a database (a ``.lmdb`` file,
+(also ``python -m seqloader.tools.bench ...``).  ``PATH`` is a database (a ``.lmdb`` file,
 one shard of a set, or the folder holding ``ILSVRC-<split>.lmdb``) or, for
 ``--loader files``, a class-folder tree (``<dir>/<class>/<image>``, or an ImageNet
 root holding ``<split>/``).  With a database ``PATH``, ``--files DIR`` names the
@@ -17,7 +17,7 @@ Loaders
     ``files``      a ``torch.utils.data.DataLoader`` (shuffle=True, persistent
                    workers, same ``num_workers``/batch size) over one file per image,
                    decoded with the same OpenCV code (``decode_rgb``) and the same
-                   (unfused) seqloader transforms; see :mod:`seqloader._bench_files`.
+                   (unfused) seqloader transforms; see :mod:`seqloader.tools.bench_files`.
 Modes
     ``raw``        read and batch the encoded bytes, no decode (seqloader
                    ``transform=None``; files: read each file, list collate).
@@ -119,7 +119,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .direct import IO_MODES
+from ..read.direct import IO_MODES
 
 __all__ = ["add_bench_arguments", "run_bench", "main", "bench", "format_report", "measure",
            "cpu_limit", "evict", "residency", "process_tree", "imagenet_train_transform",
@@ -150,7 +150,7 @@ MIN_CPU_WINDOW = 1.0
 
 def imagenet_train_transform():
     """RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize (ImageNet)."""
-    from . import transforms as T
+    from .. import transforms as T
 
     return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                       T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
@@ -158,7 +158,7 @@ def imagenet_train_transform():
 
 def decode_transform():
     """The ``decode`` mode's transform: a 64 px centre crop of the decoded image."""
-    from . import transforms as T
+    from .. import transforms as T
 
     return T.CenterCrop(DECODE_CROP)
 
@@ -611,7 +611,7 @@ def evict(paths: Iterable[str | Path]) -> int:
 # =========================================================================== data description
 
 def _image_stats(blobs: Iterable[bytes]) -> dict[str, Any]:
-    from .images import jpeg_info
+    from ..format.jpeg import jpeg_info
 
     sizes, hs, ws = [], [], []
     for data in blobs:
@@ -619,7 +619,7 @@ def _image_stats(blobs: Iterable[bytes]) -> dict[str, Any]:
         info = jpeg_info(data)
         if info is None:
             try:
-                from .transforms import decode_rgb
+                from ..transforms import decode_rgb
 
                 info = decode_rgb(data).shape
             except ValueError:
@@ -635,11 +635,11 @@ def _image_stats(blobs: Iterable[bytes]) -> dict[str, Any]:
 
 def _db_records(db: Any, indices: Iterable[int]) -> list[bytes]:
     """The packed record values of global ``indices`` (read in the calling process)."""
-    from .database import close_env, open_env
-    from .format import encode_key
+    from ..read.database import close_env, open_env
+    from ..format.spec import encode_key
 
     if db.remote is not None:  # ranged GETs (NOTE [ remote reading ])
-        from .reader import RangeReader
+        from ..read.reader import RangeReader
 
         reader = RangeReader(db)
         try:
@@ -769,7 +769,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     path): what a seqloader worker does -- with a fused pipeline
     (``compile_fused(transform)``) the workers' own ``decode_batch`` over batches of 16
     records (unpack, draw, decode into preallocated samples: NOTE [ draw, then decode ]
-    in ``seqloader/producer.py``), or, for other transforms, msgpack-unpack +
+    in ``seqloader/dataflow/batch.py``), or, for other transforms, msgpack-unpack +
     ``decode_rgb`` + transform + copy into a sample.  A
     :class:`~seqloader.Scan` or a sequence of image file paths: what the files loader
     does -- ``decode_rgb`` + transform.  ``records`` images spread over the data are
@@ -789,10 +789,10 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     import cv2
     import msgpack
 
-    from .database import Database, open_database
-    from .producer import ProducerSpec, batch_rng, decode_batch
-    from .scan import Scan
-    from .transforms import adapt, compile_fused, decode_rgb
+    from ..read.database import Database, open_database
+    from ..dataflow.batch import ProducerSpec, batch_rng, decode_batch
+    from ..write.scan import Scan
+    from ..transforms import adapt, compile_fused, decode_rgb
 
     if isinstance(source, (str, Path)):
         source = open_database(source)
@@ -893,11 +893,11 @@ class _Sources:
     """What the runs read: a database and/or a scanned class-folder tree."""
 
     def __init__(self, args: argparse.Namespace, loaders: list[str]) -> None:
-        from .database import open_database
-        from .format import database_splits
-        from .scan import image_tree_hint
+        from ..read.database import open_database
+        from ..format.spec import database_splits
+        from ..write.scan import image_tree_hint
 
-        from .remote import is_url
+        from ..read.remote import is_url
 
         remote = is_url(args.path)  # a database at a URL (NOTE [ remote reading ])
         p = args.path if remote else Path(args.path)
@@ -930,8 +930,8 @@ class _Sources:
             if files_dir is None:
                 raise ValueError(f"the files loader reads a class-folder tree, and {p} is a "
                                  "database: pass the image folder with --files DIR")
-            from ._bench_files import resolve_tree
-            from .scan import scan_class_tree
+            from .bench_files import resolve_tree
+            from ..write.scan import scan_class_tree
 
             root = resolve_tree(files_dir, args.split)
             t = time.perf_counter()
@@ -958,7 +958,7 @@ def _without_bad_files(scan: Any, db: Any) -> tuple[Any, int]:
     cannot be decoded; and how many were left out."""
     import dataclasses
 
-    from .writer import stored_name
+    from ..write.writer import stored_name
 
     bad = {p for m in db.metas for p, _ in m.bad_files}  # (as stored: non-UTF-8 bytes escaped)
     keep = [i for i, q in enumerate(scan.paths) if stored_name(q) not in bad]
@@ -975,7 +975,7 @@ def _conditions(args: argparse.Namespace, src: _Sources, loaders: list[str], mod
     import cv2
     import torch
 
-    from . import __version__
+    from .. import __version__
 
     mem = _meminfo()
     db_info = files_info = None
@@ -1055,7 +1055,7 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
     B = args.batch_size
     holder: dict[str, Any] = {}
     if loader == "seqloader":
-        from .loader import Loader
+        from ..loader import Loader
 
         def make():
             ld = Loader(src.db_path, args.split, transform, batch_size=B, shuffle=True,
@@ -1072,7 +1072,7 @@ def _run_one(args: argparse.Namespace, src: _Sources, loader: str, mode: str, wo
         pipeline = ("raw read" if mode == "raw" else "fused decode+transform" if mode == "full"
                     else "decode+transform")
     else:
-        from ._bench_files import FilesDataset, FilesLoader
+        from .bench_files import FilesDataset, FilesLoader
 
         def make():
             ds = FilesDataset(src.scan.root, src.scan.paths, src.scan.labels, transform)
@@ -1198,7 +1198,7 @@ def _quality(args: argparse.Namespace, src: _Sources, loaders: list[str],
 
     out: dict[str, Any] = {"seqloader": None, "files": None}
     if "seqloader" in loaders:
-        from .loader import Loader
+        from ..loader import Loader
 
         rows = []
         for w in workers:
@@ -1336,7 +1336,7 @@ def _split_list(values: Sequence[str] | None) -> list[str]:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``seqloader bench`` arguments to ``p``."""
-    from .plan import DEFAULT_CACHE
+    from ..read.plan import DEFAULT_CACHE
 
     p.add_argument("path", metavar="PATH",
                    help="a database (.lmdb file, or the folder holding ILSVRC-<split>.lmdb) "
@@ -1456,7 +1456,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .format import FormatError
+    from ..errors import FormatError
 
     ap = argparse.ArgumentParser(prog="seqloader bench",
                                  description=__doc__.split("\n\n")[0],

@@ -18,7 +18,7 @@ Conventions (every class here):
   that have it and calls others as ``t(img)``.
 * Picklable (plain attributes only; interpolation is stored as its string name),
   stateless, thread-safe and reentrant.  Nothing keeps OpenCV objects or threads.
-* Resampling: see NOTE [ interpolation equivalence ] in ``seqloader/_fused.py``.
+* Resampling: see NOTE [ interpolation equivalence ] in ``seqloader/transforms/fused.py``.
   Upscales use ``cv2.INTER_LINEAR`` (bicubic: ``INTER_CUBIC``).  Antialiased downscales
   do *not* use ``cv2.INTER_AREA``: its fractional-factor path costs more than the JPEG
   decode; instead exact 2x box halvings + a variance-matched 3-tap blur + bilinear,
@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from ._fused import (FusedPipeline, ResizeCropGeometry, RRCGeometry, as_buffer, crop_offset,
-                     decode, get_default_rng, interpolation_name, resize, resized_size,
-                     rrc_params, seed_default)
+from .fused import (FusedPipeline, ResizeCropGeometry, RRCGeometry, as_buffer, crop_offset,
+                    decode, get_default_rng, interpolation_name, resize, resized_size,
+                    rrc_params, seed_default)
 
 __all__ = ["Compose", "RandomResizedCrop", "RandomHorizontalFlip", "Resize", "CenterCrop",
            "ToTensor", "Normalize", "DeviceNormalize", "FusedPipeline", "compile_fused",
@@ -392,13 +392,13 @@ def compile_fused(transform: Any, *, output: str = "float",
     Normalize; finish on the device with :meth:`FusedPipeline.device_normalize`.
     ``reduced_decode=False`` disables reduced-scale JPEG decoding and
     ``partial_decode=False`` decoding only the rows above the crop's bottom (NOTE
-    [ row-limited decode ] in ``seqloader/_fused.py``; never changes a pixel); both are
+    [ row-limited decode ] in ``seqloader/transforms/fused.py``; never changes a pixel); both are
     for comparisons.
     ``eval_mode`` (Resize + CenterCrop only): ``"exact"`` gives the unfused transforms'
     pixels (bit-identical: the top rows of the whole image are resized, then cropped);
     ``"approximate"`` resizes only the crop box rounded to whole decoded pixels, from a
     reduced-scale decode where the box allows -- faster, but a few grey levels off on
-    detailed photos (NOTE [ exact evaluation crops ] in ``seqloader/_fused.py``).
+    detailed photos (NOTE [ exact evaluation crops ] in ``seqloader/transforms/fused.py``).
     A :class:`FusedPipeline` passed as ``transform`` is returned as it is (rebuilt for
     another ``output``), so the Loader takes e.g. ``compile_fused(recipe,
     eval_mode="approximate")`` as its transform.

@@ -4,12 +4,12 @@ NOTE [ remote reading ]
 Object stores serve large ranged GETs well and small ones badly (each costs a round
 trip and a request), and a reader's records are already known as byte spans (NOTE
 [ record extents ]).  So a remote database is read exactly like direct I/O (NOTE
-[ direct I/O ]): :class:`RemoteStream` is a :class:`~seqloader.direct.DirectStream`
+[ direct I/O ]): :class:`RemoteStream` is a :class:`~seqloader.read.direct.DirectStream`
 whose blocks are ranged GETs (``block`` bytes, 8 MiB, ``depth`` of them in flight,
 ``window`` bytes at most held), copied into the same ring and yielded record by
 record.  Every rank fetches only its own chunks' spans.  The metadata comes from a
 few ranged reads too (NOTE [ metadata over ranged reads ] in
-:mod:`seqloader.lmdbpages`), so nothing is copied to open a database.
+:mod:`seqloader.read.lmdbpages`), so nothing is copied to open a database.
 
 Faults: each GET is retried (``retries`` attempts, exponential backoff with jitter up
 to ``_BACKOFF_MAX`` s) on resets, timeouts, 5xx and throttling; a GET that takes longer
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .direct import DirectStream, Part
-from .format import (META_KEY, FormatError, Meta, db_name, unpack_meta)
+from ..format.spec import META_KEY, Meta, db_name, unpack_meta
+from ..errors import FormatError
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
            "RemoteStream", "is_url", "safe_url", "open_remote", "with_timeout"]
@@ -69,7 +70,7 @@ class RemoteOptions:
 
     ``storage_options`` go to fsspec (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``,
     ``{"anon": True}``); ``cache_dir`` (None: no cache) keeps fetched blocks on local
-    disk, at most ``cache_bytes`` (NOTE [ block cache ] in :mod:`seqloader.remotecache`);
+    disk, at most ``cache_bytes`` (NOTE [ block cache ] in :mod:`seqloader.read.remotecache`);
     ``timeout`` bounds one GET (seconds), ``retries`` the attempts per GET; ``block``
     is the GET size and ``depth`` how many run at once."""
 
@@ -260,7 +261,7 @@ def _describe(e: BaseException | None, url: str) -> str:
 
 @dataclass(frozen=True)
 class RemoteSource:
-    """The remote shard files of a :class:`~seqloader.database.Database`, as opened."""
+    """The remote shard files of a :class:`~seqloader.read.database.Database`, as opened."""
 
     files: tuple[RemoteFile, ...]
     options: RemoteOptions
@@ -296,7 +297,7 @@ def _exists(url: str, options: RemoteOptions) -> bool:
 
 
 def find_remote(url: str, split: str | None, options: RemoteOptions) -> list[str]:
-    """The shard URLs of a remote database (as :func:`~seqloader.format.find_database`):
+    """The shard URLs of a remote database (as :func:`~seqloader.format.spec.find_database`):
     a file URL, one shard's URL (its siblings are named from it: no listing needed), or
     a folder URL and a split (a listing is needed only for a sharded split)."""
     base, _, name = url.rstrip("/").rpartition("/")
@@ -356,8 +357,8 @@ def open_remote(url: str, split: str | None, options: RemoteOptions, *,
 
 
 class RemoteStream(DirectStream):
-    """:class:`~seqloader.direct.DirectStream`'s contract over remote files: ``read(parts)``
-    yields each record of :class:`~seqloader.direct.Part` s (``path`` = the URL) as a
+    """:class:`~seqloader.read.direct.DirectStream`'s contract over remote files: ``read(parts)``
+    yields each record of :class:`~seqloader.read.direct.Part` s (``path`` = the URL) as a
     memoryview of its own bytes, fetched as ranged GETs of ``block`` bytes, ``depth``
     in flight, ``window`` bytes at most held (NOTE [ remote reading ]); through the
     block cache when ``options.cache_dir`` is set."""

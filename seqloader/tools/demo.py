@@ -12,11 +12,11 @@ __all__ = ["run_demo"]
 def run_demo(work: Path, *, progress: bool = True) -> int:
     """Synthesise a small ImageNet-like tree in ``work``, preprocess it to LMDB, verify it,
     and train-load it with :class:`~seqloader.Loader` for two epochs.  Idempotent."""
-    from .database import open_database
-    from .preprocess import preprocess
+    from ..read.database import open_database
+    from ..write.preprocess import preprocess
     from .synth import make_synthetic_imagenet
-    from .verify import verify_database
-    from .writer import WriteOptions
+    from ..write.verify import verify_database
+    from ..write.writer import WriteOptions
 
     src, out = work / "imagenet", work / "lmdb"
     print(f"[1/4] synthetic ImageNet-like tree in {src}")
@@ -47,8 +47,8 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
             return 1
     db = open_database(out, "train")
     print(f"[4/4] load {db.num_records} records with the ImageNet training transform, 2 workers")
-    from . import transforms as T
-    from .loader import Loader
+    from .. import transforms as T
+    from ..loader import Loader
 
     tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])

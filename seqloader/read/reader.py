@@ -18,7 +18,7 @@ records are consumed later, in shuffled order, and faulting them only then makes
 random 4 KiB reads the kernel cannot read ahead.  Values are memoryviews into the
 map: the page cache holds the bytes and the process no private copy (a shuffle
 buffer of records is page cache the kernel can reclaim).  In direct mode the same
-spans are read around the page cache instead (:mod:`seqloader.direct`, NOTE [ direct
+spans are read around the page cache instead (:mod:`seqloader.read.direct`, NOTE [ direct
 I/O ]): values are then private copies.
 """
 from __future__ import annotations
@@ -37,15 +37,16 @@ import numpy as np
 
 from .database import Database, check_identity, close_env, open_env
 from .direct import DirectStream, Part, choose, open_direct
-from .format import EXTENT_DTYPE, FormatError, Meta, encode_key, meta_extents
+from ..format.spec import EXTENT_DTYPE, Meta, encode_key, meta_extents
+from ..errors import FormatError
 
 if TYPE_CHECKING:
     from .remote import RemoteFile
 
 __all__ = ["RangeReader"]
 
-from .pages import LIBC as _LIBC, PAGE as _PAGE, address as _address, map_base as _map_base
-from .pages import unmap as _unmap
+from .pages import (LIBC as _LIBC, PAGE as _PAGE, address as _address, map_base as _map_base,
+                    unmap as _unmap)
 
 # NOTE [ mapped pages ]
 # Every page the reader touches stays mapped in this process until it is unmapped,
@@ -196,7 +197,7 @@ def _aligned(bounds: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
 
 
 class _RemoteShard:
-    """One remote file (NOTE [ remote reading ] in :mod:`seqloader.remote`): the parts of
+    """One remote file (NOTE [ remote reading ] in :mod:`seqloader.read.remote`): the parts of
     :class:`_Shard` a remote stream needs, from the metadata's extents."""
 
     fd_direct, fd_through, base, env, map = -1, None, None, None, None
@@ -349,14 +350,14 @@ class _Prefetcher(threading.Thread):
 
 
 class RangeReader:
-    """Reads global record ranges of a :class:`~seqloader.database.Database`.
+    """Reads global record ranges of a :class:`~seqloader.read.database.Database`.
 
     Opens its LMDB environments on first use, in the calling process: create it
     anywhere, but use it only in the process that reads (not fork-safe once used).
     Yields ``(global index, value)`` where ``value`` is a read-only memoryview into the
     file's map, valid until :meth:`close` -- or, with direct I/O, of a private copy
     (NOTE [ direct I/O ]; ``io`` is ``"auto"``, ``"buffered"`` or ``"direct"``, see
-    :func:`seqloader.direct.choose`; files without record extents, or on a file system
+    :func:`seqloader.read.direct.choose`; files without record extents, or on a file system
     without ``O_DIRECT``, are always read buffered).  Not thread-safe.
     """
 
@@ -597,7 +598,7 @@ class RangeReader:
         os.preadv(sh.fd_through, [memoryview(self._scratch)[:n]], end - n)
 
     def extents(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
-        """File offset and length (:data:`~seqloader.format.EXTENT_DTYPE`) of every record
+        """File offset and length (:data:`~seqloader.format.spec.EXTENT_DTYPE`) of every record
         of ``ranges``, found by walking the B-tree in key order.  The records' own pages
         are not read: LMDB hands out a value's address from its leaf entry (an overflow
         page number), so this reads the leaf pages -- ~1 % of the file for photos, e.g.

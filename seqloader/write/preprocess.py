@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from .format import db_name
+from ..format.spec import db_name
 from .scan import Scan, scan_class_tree, scan_labelled_folder
 from .writer import WriteOptions, WriteReport, write_split
 
@@ -57,7 +57,7 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     are shuffled with ``options.seed`` unless ``options.shuffle`` is False; other
     splits keep ImageFolder's sorted order.  ``val_labels`` labels a flat ``val``
     folder, with the classes of ``train`` when that folder exists.  Raises
-    :class:`~seqloader.writer.NoRecordsError` at a split none of whose images could be
+    :class:`~seqloader.write.writer.NoRecordsError` at a split none of whose images could be
     stored (its bad-files report stays; splits written before it too).
     """
     root, out = Path(imagenet_dir), Path(lmdb_dir)

@@ -60,7 +60,7 @@ segment boundaries, and :func:`_splice` builds a JPEG of
 just those segments -- in each band of rows the chosen segments are one contiguous run
 of bytes -- with the frame size patched and the markers renumbered from RST0 (decoders
 check the sequence).  Where the segments are comes from the file's restart index
-(NOTE [ restart index ] in ``seqloader/images.py``; checked marker by marker) or, without
+(NOTE [ restart index ] in ``seqloader/format/jpeg.py``; checked marker by marker) or, without
 one, from a scan of the entropy-coded bytes.  Pixels are bit-identical to a full decode (tested at every scale
 and chroma layout; each margin mutation-checked).  ``preprocess --restart-markers``
 adds such markers losslessly (``jpegtran -restart <m>B -optimize``, m ~ 4 MCUs: 64 px).
@@ -114,9 +114,9 @@ from typing import Any, NamedTuple
 import cv2
 import numpy as np
 
-from .decoders import imdecode_quiet
-from .images import (JpegFrame, JpegScan, indexed_marks, jpeg_frame, jpeg_scan,
-                     restart_layout, restart_marks)
+from ..write.decoders import imdecode_quiet
+from ..format.jpeg import (JpegFrame, JpegScan, indexed_marks, jpeg_frame, jpeg_scan,
+                           restart_layout, restart_marks)
 
 try:
     import simplejpeg
@@ -753,7 +753,7 @@ class FusedPipeline:
         (Normalize's mean/std, or 0/1 for a bare ToTensor); None otherwise."""
         if self.to_float or not self.to_tensor:
             return None
-        from .transforms import DeviceNormalize
+        from . import DeviceNormalize
 
         mean = np.broadcast_to(self.mean if self.mean is not None else 0.0, (3,))
         std = np.broadcast_to(self.std if self.std is not None else 1.0, (3,))
@@ -837,7 +837,7 @@ class FusedPipeline:
         flip (consuming ``rng`` exactly as ``__call__`` does) and choose what to
         decode.  Cheap -- no decoding, except for non-JPEG data (decoded here, whole:
         its size is needed to draw the crop).  ``data`` must stay unchanged until
-        :meth:`finish`.  NOTE [ draw, then decode ] in ``seqloader/producer.py``."""
+        :meth:`finish`.  NOTE [ draw, then decode ] in ``seqloader/dataflow/batch.py``."""
         if rng is None:
             rng = get_default_rng()
         buf = as_buffer(data)

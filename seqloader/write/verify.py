@@ -11,12 +11,13 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from .database import close_env, open_database, open_env
-from .format import (EMPTY_CHECKSUM, EmptyDatabaseError, FormatError, chain_checksum, decode_key, encode_key,
-                     is_record_key, meta_extents, record_digest, unpack_record)
-from .pages import address, map_base
-from .images import check_stored
-from .pool import ordered_map, ordered_process_map
+from ..read.database import close_env, open_database, open_env
+from ..format.spec import (EMPTY_CHECKSUM, EmptyDatabaseError, chain_checksum, decode_key,
+                           encode_key, is_record_key, meta_extents, record_digest, unpack_record)
+from ..errors import FormatError
+from ..read.pages import address, map_base
+from ..format.jpeg import check_stored
+from ..dataflow.ordered import ordered_map, ordered_process_map
 
 __all__ = ["VerifyResult", "verify_database"]
 
@@ -35,7 +36,7 @@ class VerifyResult:
 
 
 #: In a verify worker: this process's own environment per file (an environment must
-#: not cross a fork, and :func:`~seqloader.database.open_env`'s registry would hand the
+#: not cross a fork, and :func:`~seqloader.read.database.open_env`'s registry would hand the
 #: parent's one to a forked child).
 _WORKER_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
 
@@ -99,7 +100,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     """Check every record of a database and recompute each shard's checksum.
 
     Each record must parse, have a label in range and hold an image that passes the
-    writer's decode check (:func:`~seqloader.images.check_stored`); ``workers``
+    writer's decode check (:func:`~seqloader.format.jpeg.check_stored`); ``workers``
     processes (default: one per core plus one) read and check records while this one
     walks the keys in order, chains the digests and compares the record extents.
     Finite; a file that kills a worker, or a database of 0 records, is reported as a
@@ -190,8 +191,8 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
     """:func:`verify_database` of a database at URLs: every record the metadata's extents
     point at (what readers read) is fetched with ranged GETs, checked, and chained into
     the checksum in key order; the LMDB B-tree itself is not walked."""
-    from .reader import RangeReader
-    from .remote import safe_url
+    from ..read.reader import RangeReader
+    from ..read.remote import safe_url
 
     res = VerifyResult(db.num_records)
     bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)

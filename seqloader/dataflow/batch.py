@@ -17,19 +17,11 @@ from typing import Any, Callable, Iterator, Sequence
 import msgpack
 import numpy as np
 
-from .database import Database
+from ..read.database import Database
+from ..errors import RecordError
 
 __all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
            "callers_rngs_kept", "record_error", "seed_global_rngs"]
-
-
-class RecordError(RuntimeError):
-    """Processing one record failed; carries the record index and the original traceback."""
-
-    def __init__(self, message: str, index: int, tb: str):
-        super().__init__(message)
-        self.index = index
-        self.tb = tb
 
 
 def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
@@ -243,7 +235,7 @@ def record_error(e: Exception, idx: int, path: Any) -> RecordError:
 
 
 def _generic(spec: ProducerSpec, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
-    from .transforms import decode_rgb
+    from ..transforms import decode_rgb
 
     result = np.asarray(spec.transform(decode_rgb(data), rng))
     if result.shape != out.shape:

@@ -56,22 +56,21 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from . import __version__
-from .database import Database, close_env, open_env, read_meta
-from .format import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION, META_KEY,
-                     FormatError, Meta, Record, bad_files_path, chain_checksum, encode_key, pack_meta,
-                     is_shard_name, pack_record, record_digest, shard_files, shard_path)
-from .pages import PAGE as _PAGE, address, map_base, unmap
-from .images import JPEGTRAN_HELP, prepare_image
-from .pool import ordered_map, ordered_process_map
+from .. import __version__
+from ..read.database import Database, close_env, open_env, read_meta
+from ..format.spec import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION,
+                           META_KEY, Meta, Record, bad_files_path, chain_checksum, encode_key,
+                           pack_meta, is_shard_name, pack_record, record_digest, shard_files,
+                           shard_path)
+from ..errors import FormatError
+from ..read.pages import PAGE as _PAGE, address, map_base, unmap
+from ..format.jpeg import JPEGTRAN_HELP, prepare_image
+from ..dataflow.ordered import ordered_map, ordered_process_map
 from .scan import Scan
+from ..errors import BadImageError
 
 __all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "NoRecordsError",
            "write_split", "write_order"]
-
-
-class BadImageError(ValueError):
-    """An undecodable source image, raised in ``strict`` mode."""
 
 
 class NoRecordsError(ValueError):
@@ -387,7 +386,7 @@ class _ShardWriter:
 
     def _prepared(self, positions: range):
         """``_prepare`` over ``positions`` in order: threads when only reading (I/O), forked
-        processes when decoding (see :func:`~seqloader.pool.ordered_process_map`): one
+        processes when decoding (see :func:`~seqloader.dataflow.ordered.ordered_process_map`): one
         per core plus one, which keeps the cores busy while a decoder waits for this
         process (measured: 6.0-6.2 s for 10,000 images against 6.2-6.4 s with one
         per core)."""
@@ -457,7 +456,7 @@ class _ShardWriter:
     def _committed_extents(self) -> list[np.ndarray]:
         """Extents of the records an interrupted run of this command already committed to
         ``self.partial`` (one sequential pass over them), or [] if there are none."""
-        from .reader import RangeReader
+        from ..read.reader import RangeReader
 
         if not self.partial.exists() or self.partial.stat().st_size == 0:  # (just created)
             return []

@@ -19,7 +19,7 @@ Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
 
 With ``restart`` (``--restart-markers``) every stored JPEG gets restart markers every
 few MCUs, each MCU row starting an interval, so that a reader can decode just the
-segments around a crop (NOTE [ restart windows ] in ``seqloader/_fused.py``): JPEGs
+segments around a crop (NOTE [ restart windows ] in ``seqloader/transforms/fused.py``): JPEGs
 stored as they are go through libjpeg-turbo's ``jpegtran -restart <m>B -optimize`` --
 a *lossless* transcode (the DCT coefficients are copied, every pixel decodes the
 same) that also gives each file its own optimal Huffman tables, which more than pays
@@ -31,7 +31,7 @@ unchanged too (it still decodes, whole).  Each such JPEG also gets a restart ind
 (NOTE [ restart index ]).
 
 NOTE [ restart index ]
-Splicing a window out of a JPEG (NOTE [ restart windows ] in ``seqloader/_fused.py``)
+Splicing a window out of a JPEG (NOTE [ restart windows ] in ``seqloader/transforms/fused.py``)
 needs the offset of every restart segment, and finding the RSTn markers means looking
 at every byte of the entropy-coded data: ~40 us of a 1200x900 photo's ~1.8 ms pipeline,
 about 40 % of the splice.  So the stored JPEG carries them: an APP15 segment just
@@ -55,7 +55,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
-from .decoders import check_jpeg, clean_jpeg_header, decode_any, imdecode_checked
+from ..write.decoders import check_jpeg, clean_jpeg_header, decode_any, imdecode_checked
 
 __all__ = ["Prepared", "prepare_image", "sniff_format", "jpeg_info", "jpeg_frame", "JpegFrame",
            "jpeg_scan", "JpegScan", "restart_layout", "restart_marks", "add_restart_index",
@@ -417,7 +417,7 @@ def _joined(*warnings: str | None) -> str | None:
 
 def _reencoded(data: bytes, reason: str | None, *, max_size: int | None, quality: int,
                restart: bool, error: str | None = None, warning: str | None = None) -> Prepared:
-    """``data`` decoded by OpenCV or else Pillow (:func:`~seqloader.decoders.decode_any`)
+    """``data`` decoded by OpenCV or else Pillow (:func:`~seqloader.write.decoders.decode_any`)
     and re-encoded as a JPEG (shrunk with ``max_size``): ``reencoded`` is ``reason``
     (None: the decoder's format name), "resized" if shrunk; ``error`` (else the
     decoders' reasons) if neither reads it."""

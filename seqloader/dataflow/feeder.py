@@ -17,9 +17,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .database import Database
-from .plan import EpochPlan
-from .reader import RangeReader
+from ..read.database import Database
+from ..read.plan import EpochPlan
+from ..read.reader import RangeReader
 from .shuffle import ShuffleBuffer
 
 __all__ = ["Feeder", "Stopped", "shuffle_rng", "PositionMap"]

@@ -9,7 +9,7 @@ NOTE [ worker lifecycle ]
   Workers ignore SIGINT (Ctrl-C is the parent's to handle), die with the parent
   (``PR_SET_PDEATHSIG`` plus a parent liveness check every second) and run
   single-threaded OpenCV/torch.
-* Epoch: a reader thread in the parent (:class:`~seqloader.feeder.Feeder`, see
+* Epoch: a reader thread in the parent (:class:`~seqloader.dataflow.feeder.Feeder`, see
   NOTE [ one reader per rank ]) takes a free buffer per batch, copies the batch's
   encoded records into it and sends ``batch`` to worker ``j % W`` over its pipe
   (and, told the next epoch's plan, goes on into it when this one's records are
@@ -53,22 +53,15 @@ from typing import Any, Iterator
 import numpy as np
 
 from .feeder import Feeder, Stopped
-from .plan import EpochPlan
-from .producer import ProducerSpec, RecordError, batch_rng, decode_batch, slot_views
+from ..read.plan import EpochPlan
+from .batch import ProducerSpec, batch_rng, decode_batch, slot_views
+from ..errors import RecordError
 from .threads import forking_single_threaded, prepare_worker
+from ..errors import WorkerDiedError, WorkerError
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 
 _POLL = 1.0
-
-
-class WorkerError(RuntimeError):
-    """A worker failed; the message names the worker and the record, and ends with the
-    worker's traceback."""
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process exited unexpectedly (killed, out of memory, crashed)."""
 
 
 class _Stop(Exception):

@@ -43,7 +43,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .format import FormatError
+from ..errors import FormatError
 from .pages import address
 
 __all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
@@ -179,7 +179,7 @@ class DirectStream:
         self.read_timeout = READ_TIMEOUT  # longest wait for one block
 
     # NOTE [ byte source ]: the four methods below are what a stream reads with; a
-    # subclass (the remote stream, :mod:`seqloader.remote`) replaces them and keeps the
+    # subclass (the remote stream, :mod:`seqloader.read.remote`) replaces them and keeps the
     # ordering, windowing and shutdown of :meth:`read`.  Each runs in a read thread
     # except `_read_alone` and `_failure`.
 

@@ -1,0 +1,1 @@
+"""The stages (reader, local shuffle, map, batch, map-and-batch into shared memory) and the worker pool."""

@@ -1,0 +1,1 @@
+"""Bench, synthetic data, demo, shuffle quality: not imported by the core."""

@@ -1,0 +1,1 @@
+"""Writing a database: scan sources, prepare images, the resumable writer, verify."""
