@@ -61,6 +61,7 @@ def test_fast_epoch_order_is_the_loader_order():
     assert pair_repeat(rng.permutation(1000), rng.permutation(1000), 10) < 0.05
 
 
+@pytest.mark.slow
 def test_shuffle_quality_of_a_database_does_not_overwrite_the_committed_results(lmdb_dir,
                                                                                  tmp_path):
     committed = BENCH / "results" / "shuffle_quality.md"
@@ -166,6 +167,7 @@ def test_transforms_bench_script(tmp_path):
     assert bad.returncode == 2 and "--quality" in bad.stderr
 
 
+@pytest.mark.slow
 def test_epoch_gaps_script(lmdb_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     p = subprocess.run([sys.executable, str(BENCH / "epoch_gaps.py"), "--db", str(lmdb_dir),

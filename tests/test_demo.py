@@ -4,6 +4,7 @@ import pytest
 from seqloader.tools import demo, synth
 
 
+@pytest.mark.slow  # (the README's main command: .ci/run runs it anyway)
 def test_demo_runs_end_to_end_and_again_after_an_interrupted_generation(tmp_path, monkeypatch,
                                                                         capsys):
     """An interrupted generation used to leave a half-written tree that the next run took

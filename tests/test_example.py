@@ -106,6 +106,7 @@ def test_stop_and_resume_sees_exactly_the_remaining_batches(data, reference):
     assert accuracy_lines(q.stdout) == accuracy_lines(ref_p.stdout)
 
 
+@pytest.mark.slow
 def test_evaluate_a_checkpoint(data, reference):
     ref_p, ckdir, _ = reference
     p = run(data / "lmdb", *SMALL, "--evaluate", "--resume", ckdir / "model_best.pth.tar", cwd=data)
@@ -308,7 +309,7 @@ def test_resume_errors_are_one_line(data, tmp_path):
 
 
 @pytest.mark.parametrize("arg, needle", [
-    ("-b 0", "--batch-size must be >= 1"),
+    pytest.param("-b 0", "--batch-size must be >= 1", marks=pytest.mark.slow),
     pytest.param("-j -1", "--workers must be >= 0", marks=pytest.mark.slow),
     pytest.param("-p 0", "--print-freq must be >= 1", marks=pytest.mark.slow),
     pytest.param("--image-size 0", "--image-size must be >= 1", marks=pytest.mark.slow)])

@@ -379,7 +379,8 @@ print("left", maps(), flush=True)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
-@pytest.mark.parametrize("case", ["epoch-end", "close", "collected"])
+@pytest.mark.parametrize("case", [pytest.param("epoch-end", marks=pytest.mark.slow), "close",
+                                  pytest.param("collected", marks=pytest.mark.slow)])
 def test_held_batch_outlives_its_pool(lmdb_dir, case):
     """A zero-copy batch stays readable after its worker pool stops, and its buffer is
     unmapped when the batch goes (run in a child: the old failure was a segfault)."""
