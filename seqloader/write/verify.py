@@ -12,8 +12,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..read.database import close_env, open_database, open_env
-from ..format.spec import (EMPTY_CHECKSUM, EmptyDatabaseError, chain_checksum, decode_key,
-                           encode_key, is_record_key, meta_extents, record_digest, unpack_record)
+from ..format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
+from ..format.meta import EmptyDatabaseError, meta_extents
+from ..format.keys import decode_key, encode_key, is_record_key
+from ..format.records import unpack_record
 from ..errors import FormatError
 from ..read.pages import address, map_base
 from ..format.jpeg import check_stored
