@@ -65,8 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, SIZES, STD, make_set, timed  # noqa: E402
 
 from seqloader.transforms import fused as _fused  # noqa: E402
-from seqloader.format.jpeg import (add_restart_index, add_restart_markers, jpeg_frame,  # noqa: E402
-                                   jpeg_scan, restart_marks)
+from seqloader.format.jpeg import add_restart_index, jpeg_frame, jpeg_scan, restart_marks  # noqa: E402
+from seqloader.write.prepare import add_restart_markers  # noqa: E402
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, STD, make_set, timed  # noqa: E402
 
 from seqloader.transforms import fused as _fused  # noqa: E402
-from seqloader.format.jpeg import add_restart_markers  # noqa: E402
+from seqloader.write.prepare import add_restart_markers  # noqa: E402
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 

@@ -43,7 +43,7 @@ import numpy as np
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToTensor, compile_fused, decode_rgb,
                                   fused as _fused)
-from seqloader.format.jpeg import add_restart_markers
+from seqloader.write.prepare import add_restart_markers
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SMALL_SIZES = [(375, 500)] * 6 + [(500, 375)] * 2 + [(333, 500), (400, 500), (375, 450)]

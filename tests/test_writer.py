@@ -21,7 +21,7 @@ from seqloader.format.meta import FORMAT_VERSION
 from seqloader.format.keys import META_KEY, encode_key
 from seqloader.format.files import shard_path
 from seqloader.errors import IncompleteError
-from seqloader.format.jpeg import decode_bgr
+from seqloader.write.prepare import decode_bgr
 from seqloader.write.writer import write_order
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,9 +12,10 @@ A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
   ``"png"``, ``"bigtiff"``, ``"tga"``..., ``"resized"``, ``"restart"`` for the
   lossless restart-marker transcode, or ``"repaired"`` for a damaged JPEG that a
   decoder reads with a warning: its header's junk dropped, losslessly, or re-encoded
-  from what decodes -- NOTE [ damaged JPEGs ] in ``seqloader/format/jpeg.py``).  Readers must ignore fields they do not know.  An image with restart
-  markers may carry a restart index (an APP15 segment before its SOS, NOTE [ restart
-  index ] in ``seqloader/format/jpeg.py``): still a valid JPEG, which other decoders skip.
+  from what decodes -- NOTE [ damaged JPEGs ] in ``seqloader/write/prepare.py``).
+  Readers must ignore fields they do not know.  An image with restart markers may
+  carry a restart index (an APP15 segment before its SOS, NOTE [ restart index ] in
+  ``seqloader/format/jpeg.py``): still a valid JPEG, which other decoders skip.
 * One **metadata** value under the key :data:`META_KEY`, also a msgpack map (see
   :class:`Meta`).  It is written first with ``complete=False`` and rewritten with
   ``complete=True`` in the very last transaction, so a file whose metadata says

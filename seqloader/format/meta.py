@@ -66,7 +66,7 @@ class Meta:
     next_source: int = 0
     bad_files: list[list[str]] = field(default_factory=list)
     #: ``[path, warning]`` of sources stored although a decoder warned (NOTE [ damaged
-    #: JPEGs ] in ``seqloader/format/jpeg.py``); absent in files of older writers
+    #: JPEGs ] in ``seqloader/write/prepare.py``); absent in files of older writers
     warned_files: list[list[str]] = field(default_factory=list)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION

@@ -114,7 +114,7 @@ from typing import Any, NamedTuple
 import cv2
 import numpy as np
 
-from ..write.decoders import imdecode_quiet
+from ..format.decoders import imdecode_quiet
 from ..format.jpeg import (JpegFrame, JpegScan, indexed_marks, jpeg_frame, jpeg_scan,
                            restart_layout, restart_marks)
 

@@ -65,7 +65,7 @@ from ..format.records import Record, pack_record
 from ..format.files import bad_files_path, is_shard_name, shard_files, shard_path
 from ..errors import FormatError
 from ..read.pages import PAGE as _PAGE, address, map_base, unmap
-from ..format.jpeg import JPEGTRAN_HELP, prepare_image
+from .prepare import JPEGTRAN_HELP, prepare_image
 from ..dataflow.ordered import ordered_map, ordered_process_map
 from .scan import Scan
 from ..errors import BadImageError
@@ -353,7 +353,7 @@ class _ShardWriter:
                         writer={"seqloader": __version__, "verify": o.verify,
                                 "max_size": o.max_size, "quality": o.quality,
                                 "restart_markers": o.restart_markers,
-                                # NOTE [ restart index ] in images.py (absent: an older writer)
+                                # NOTE [ restart index ] in format/jpeg.py (absent: an older writer)
                                 "restart_index": o.restart_markers})
         # the fingerprint includes FORMAT_VERSION, which fixes the algorithm
         assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm
