@@ -2,7 +2,7 @@
 restart markers and the restart index -- parsing only, no decoding.
 
 NOTE [ restart index ]
-Splicing a window out of a JPEG (NOTE [ restart windows ] in ``seqloader/transforms/fused.py``)
+Splicing a window out of a JPEG (NOTE [ restart windows ] in ``seqloader/transforms/jpegwindow.py``)
 needs the offset of every restart segment, and finding the RSTn markers means looking
 at every byte of the entropy-coded data: ~40 us of a 1200x900 photo's ~1.8 ms pipeline,
 about 40 % of the splice.  So the stored JPEG carries them: an APP15 segment just

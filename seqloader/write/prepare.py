@@ -19,7 +19,7 @@ Grayscale JPEGs are stored as they are: every reader decodes them to 3 channels
 
 With ``restart`` (``--restart-markers``) every stored JPEG gets restart markers every
 few MCUs, each MCU row starting an interval, so that a reader can decode just the
-segments around a crop (NOTE [ restart windows ] in ``seqloader/transforms/fused.py``): JPEGs
+segments around a crop (NOTE [ restart windows ] in ``seqloader/transforms/jpegwindow.py``): JPEGs
 stored as they are go through libjpeg-turbo's ``jpegtran -restart <m>B -optimize`` --
 a *lossless* transcode (the DCT coefficients are copied, every pixel decodes the
 same) that also gives each file its own optimal Huffman tables, which more than pays
