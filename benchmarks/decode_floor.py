@@ -2,8 +2,8 @@
 
 The fused pipeline's gain on large photos comes from decoding less: a reduced-scale
 (DCT-scaled) decode, and with restart markers only the restart segments around the crop
-(NOTEs [ row-limited decode ] and [ restart windows ] in ``seqloader/transforms/fused.py``).  What
-no decoder built on libjpeg(-turbo) can skip is the Huffman (entropy) decoding of every
+(NOTEs [ row-limited decode ] and [ restart windows ] in
+``seqloader/transforms/jpegwindow.py``).  What no decoder built on libjpeg(-turbo) can skip is the Huffman (entropy) decoding of every
 8x8 block inside the crop: codes have no boundaries, so the bits of each block must be
 walked, at any output scale.  This script measures, on the draws of RandomResizedCrop(224)
 where a reduced decode applies, against the plain path (whole image decoded at full
@@ -64,9 +64,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, SIZES, STD, make_set, timed  # noqa: E402
 
-from seqloader.transforms import fused as _fused  # noqa: E402
-from seqloader.format.jpeg import (add_restart_index, add_restart_markers, jpeg_frame,  # noqa: E402
-                                   jpeg_scan, restart_marks)
+from seqloader.transforms import jpegwindow as _jw  # noqa: E402
+from seqloader.transforms.geometry import Window  # noqa: E402
+from seqloader.format.jpeg import (add_restart_index, jpeg_frame, jpeg_scan,  # noqa: E402
+                                   restart_marks)
+from seqloader.write.prepare import add_restart_markers  # noqa: E402
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 
@@ -118,19 +120,19 @@ def grid_costs(originals: list[bytes], draws: int, repeat: int) -> dict:
             for name, files in copies.items()}
 
 
-def exact_crop(fine: np.ndarray, frame, w: _fused.Window) -> tuple[np.ndarray, _fused.Region]:
+def exact_crop(fine: np.ndarray, frame, w: Window) -> tuple[np.ndarray, _jw.Region]:
     """The every-MCU copy spliced to the MCUs that hold the crop (no margins)."""
     mh, mw = frame.mcu_height, frame.mcu_width
-    reg = _fused.Region(math.floor(w.y0) // mh * mh, min(-(-math.ceil(w.y1) // mh) * mh, frame.height),
-                        math.floor(w.x0) // mw * mw, min(-(-math.ceil(w.x1) // mw) * mw, frame.width))
+    reg = _jw.Region(math.floor(w.y0) // mh * mh, min(-(-math.ceil(w.y1) // mh) * mh, frame.height),
+                     math.floor(w.x0) // mw * mw, min(-(-math.ceil(w.x1) // mw) * mw, frame.width))
     scan = jpeg_scan(fine, frame)
-    out = _fused._splice(fine, frame, scan, reg)
+    out = _jw._splice(fine, frame, scan, reg)
     if out is None:
         raise RuntimeError("every-MCU copy does not tile: unexpected jpegtran output")
     return out, reg
 
 
-def crop_byte_share(fine: np.ndarray, frame, reg: _fused.Region) -> float:
+def crop_byte_share(fine: np.ndarray, frame, reg: _jw.Region) -> float:
     """Share of the entropy-coded bytes (markers excluded) that code the MCUs of ``reg``."""
     scan = jpeg_scan(fine, frame)
     data = fine[scan.offset:]
@@ -192,13 +194,13 @@ def bench_set(name: str, originals: list[bytes], draws: int, repeat: int) -> dic
             sbuf = np.frombuffer(stored, np.uint8)
             sframe = jpeg_frame(stored)
             sreg, sscan = fused.decode_window(sbuf, sframe, p)
-            simg, sreg2 = _fused.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan)
+            simg, sreg2 = _jw.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan)
             simg = simg.copy()
             # the plain path's stages: the whole original image at full scale, then render
             obuf = np.frombuffer(orig, np.uint8)
-            whole = _fused.Region(0, frame.height, 0, frame.width)
+            whole = _jw.Region(0, frame.height, 0, frame.width)
             pp = plain.plan(frame.height, frame.width, np.random.default_rng(seed))
-            pimg, _ = _fused.decode_jpeg(obuf, frame, 1, whole, local)
+            pimg, _ = _jw.decode_jpeg(obuf, frame, 1, whole, local)
             pimg = pimg.copy()
             # generators made before timing (default_rng costs ~30 us)
             gens = {m: iter([np.random.default_rng(seed) for _ in range(repeat + 1)])
@@ -211,11 +213,11 @@ def bench_set(name: str, originals: list[bytes], draws: int, repeat: int) -> dic
                 "whole_decode_8": lambda: decode(orig, 8, 1, 1),
                 "render": lambda: fused._render(img, p, reg, out),
                 "fused_window": lambda: fused.decode_window(sbuf, sframe, p),
-                "fused_splice": lambda: _fused._splice(sbuf, sframe, sscan, sreg)
+                "fused_splice": lambda: _jw._splice(sbuf, sframe, sscan, sreg)
                 if sscan is not None else None,
-                "fused_decode": lambda: _fused.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan),
+                "fused_decode": lambda: _jw.decode_jpeg(sbuf, sframe, p.k, sreg, local, sscan),
                 "fused_render": lambda: fused._render(simg, p, sreg2, out),
-                "plain_decode": lambda: _fused.decode_jpeg(obuf, frame, 1, whole, local),
+                "plain_decode": lambda: _jw.decode_jpeg(obuf, frame, 1, whole, local),
                 "plain_render": lambda: plain._render(pimg, pp, whole, out),
             }
             for fn in timings.values():  # warm-up

@@ -244,7 +244,7 @@ def run_decode_rate(args, rid: str, tree: Path) -> dict:
     import cv2
     import numpy as np
 
-    from seqloader.format.jpeg import prepare_image
+    from seqloader.write.prepare import prepare_image
 
     files = tree_files(tree / "train")
     idx = np.linspace(0, len(files) - 1, min(len(files), args.decode_sample)).astype(int)

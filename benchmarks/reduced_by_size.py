@@ -48,8 +48,9 @@ import simplejpeg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from transforms_bench import MEAN, STD, make_set, timed  # noqa: E402
 
-from seqloader.transforms import fused as _fused  # noqa: E402
-from seqloader.format.jpeg import add_restart_markers  # noqa: E402
+from seqloader.format.jpeg import jpeg_frame  # noqa: E402
+from seqloader.transforms import jpegwindow as _jw  # noqa: E402
+from seqloader.write.prepare import add_restart_markers  # noqa: E402
 from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,  # noqa: E402
                                   RandomResizedCrop, ToTensor, compile_fused)
 
@@ -60,10 +61,10 @@ def decode_m8(fused, data: bytes, rng: np.random.Generator, out: np.ndarray) -> 
     p = fused.prepare(data, rng)
     w, (oh, ow), r = p.plan.window, fused.out_hw, p.region
     m = next(m for m in range(1, 9) if (w.x1 - w.x0) * m >= 8 * ow and (w.y1 - w.y0) * m >= 8 * oh)
-    jpeg = None if p.scan is None else _fused._splice(p.buf, p.frame, p.scan, r)
+    jpeg = None if p.scan is None else _jw._splice(p.buf, p.frame, p.scan, r)
     if jpeg is None:  # no window: rows from the top, the decoder stops below them
-        r = _fused.Region(0, r.bottom, 0, p.frame.width)
-        jpeg = _fused.with_height(p.buf, p.frame, r.bottom)
+        r = _jw.Region(0, r.bottom, 0, p.frame.width)
+        jpeg = _jw.with_height(p.buf, p.frame, r.bottom)
     h, w_ = -(-(r.bottom - r.top) * m // 8), -(-(r.right - r.left) * m // 8)
     img = simplejpeg.decode_jpeg(jpeg, colorspace="RGB", min_height=h, min_width=w_,
                                  strict=False)  # as the shipped partial decodes
@@ -72,7 +73,7 @@ def decode_m8(fused, data: bytes, rng: np.random.Generator, out: np.ndarray) -> 
 
 def decode_by_scale(jpegs: list[bytes], repeat: int) -> dict[int, float]:
     """Mean ms of a whole-image decode at scale M/8, M = 1..8."""
-    heights = {m: [-(-_fused.jpeg_frame(j).height * m // 8) for j in jpegs] for m in range(1, 9)}
+    heights = {m: [-(-jpeg_frame(j).height * m // 8) for j in jpegs] for m in range(1, 9)}
     best = timed({m: (lambda i, _, m=m: simplejpeg.decode_jpeg(
         jpegs[i], colorspace="RGB", min_height=heights[m][i], min_width=1)) for m in heights},
         [(i, 0) for i in range(len(jpegs))], repeat, make_arg=int)

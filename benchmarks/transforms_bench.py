@@ -40,10 +40,11 @@ import time
 import cv2
 import numpy as np
 
+from seqloader.format.jpeg import jpeg_frame
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
-                                  RandomResizedCrop, Resize, ToTensor, compile_fused, decode_rgb,
-                                  fused as _fused)
-from seqloader.format.jpeg import add_restart_markers
+                                  RandomResizedCrop, Resize, ToTensor, compile_fused, decode_rgb)
+from seqloader.transforms import jpegwindow as _jw
+from seqloader.write.prepare import add_restart_markers
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SMALL_SIZES = [(375, 500)] * 6 + [(500, 375)] * 2 + [(333, 500), (400, 500), (375, 450)]
@@ -122,7 +123,7 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int,
     samples = [(data, 1000 * d + i) for d in range(draws) for i, data in enumerate(jpegs)]
     plans, rows_share = [], []
     for data, seed in samples:
-        frame = _fused.jpeg_frame(data)
+        frame = jpeg_frame(data)
         plans.append(f32.plan(frame.height, frame.width, np.random.default_rng(seed)))
         reg, _ = f32.decode_window(np.frombuffer(data, np.uint8), frame, plans[-1])
         rows_share.append((reg.bottom - reg.top) * (reg.right - reg.left)
@@ -154,7 +155,7 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int,
     sel = ks > 1
     if sel.any():
         sub = [(data, int(k)) for (data, _), k in zip(samples, ks) if k > 1]
-        decode = lambda data, k: _fused.decode(np.frombuffer(data, np.uint8), k)  # noqa: E731
+        decode = lambda data, k: _jw.decode(np.frombuffer(data, np.uint8), k)  # noqa: E731
         dec = timed({"full": lambda data, k: decode(data, 1), "reduced": decode}, sub, repeat,
                     make_arg=int)
         dec_full, dec_red = dec["full"], dec["reduced"]
@@ -168,8 +169,8 @@ def bench_set(name: str, jpegs: list[bytes], draws: int, repeat: int,
     result["eval"] = bench_eval(jpegs, repeat)
     # The floor: the smallest decode libjpeg can do (1/8 scale) still entropy-decodes
     # every coefficient; its time against the full decode bounds any DCT-scaling gain.
-    eighth = timed({"full": lambda data, k: _fused.decode(np.frombuffer(data, np.uint8), 1),
-                    "eighth": lambda data, k: _fused.decode(np.frombuffer(data, np.uint8), 8)},
+    eighth = timed({"full": lambda data, k: _jw.decode(np.frombuffer(data, np.uint8), 1),
+                    "eighth": lambda data, k: _jw.decode(np.frombuffer(data, np.uint8), 8)},
                    [(data, 0) for data in jpegs], repeat, make_arg=int)
     result["max_dct_scaling_speedup"] = round(eighth["full"].sum() / eighth["eighth"].sum(), 2)
     return result
@@ -199,7 +200,7 @@ def bench_eval(jpegs: list[bytes], repeat: int) -> dict:
     exact = compile_fused(recipe)
     outs = {p: np.empty(p.out_shape, p.out_dtype) for p in (red, full, exact)}
     samples = [(data, i) for i, data in enumerate(jpegs)]
-    ks = np.array([red.plan(*_fused.jpeg_frame(d)[:2], np.random.default_rng(s)).k
+    ks = np.array([red.plan(*jpeg_frame(d)[:2], np.random.default_rng(s)).k
                    for d, s in samples])
     times = timed({"fused": lambda data, rng: red(data, outs[red], rng),
                    "fused_plain": lambda data, rng: full(data, outs[full], rng),

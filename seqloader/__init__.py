@@ -10,7 +10,8 @@ __version__ = "0.2.0"
 from .dataflow.stages import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
                               MapDataComponent, MultiProcessMapData)
 from .read.database import Database, open_database
-from .format.spec import EmptyDatabaseError, FORMAT_VERSION, Meta, Record
+from .format.meta import EmptyDatabaseError, FORMAT_VERSION, Meta
+from .format.records import Record
 from .errors import FormatError, IncompleteError, WorkerDiedError, WorkerError
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK
 from .write.preprocess import preprocess

@@ -80,7 +80,7 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
     ``path``: ``[split]`` for a file (None: its own) or with ``--split``; for a folder
     without it, every split with a database there, train and val first.  Raises
     FileNotFoundError naming what is there instead (e.g. an image tree to preprocess)."""
-    from .format.spec import database_splits, find_database
+    from .format.files import database_splits, find_database
 
     p = Path(path)
     if split is not None or not p.is_dir():

@@ -107,7 +107,8 @@ def big_db(tmp_path_factory):
 def read_records(path) -> list:
     """All (global index, Record) of a database, via the public format helpers."""
     from seqloader.read.database import close_env, open_database, open_env
-    from seqloader.format.spec import decode_key, encode_key, is_record_key, unpack_record
+    from seqloader.format.keys import decode_key, encode_key, is_record_key
+    from seqloader.format.records import unpack_record
 
     db = open_database(path)
     out = []
@@ -137,7 +138,8 @@ def raw_items(path) -> list[tuple[bytes, bytes]]:
 def assert_extents_match(path) -> None:
     """The metadata's record extents point at exactly the bytes LMDB holds for each record."""
     from seqloader.read.database import open_database
-    from seqloader.format.spec import META_KEY, meta_extents
+    from seqloader.format.keys import META_KEY
+    from seqloader.format.meta import meta_extents
 
     db = open_database(path)  # (finds the whole shard set)
     meta = db.metas[[p.resolve() for p in db.paths].index(path.resolve())]

@@ -13,7 +13,7 @@ import pytest
 from seqloader.tools import bench
 from conftest import old_empty_database, raw_items
 from seqloader.tools.bench import cpu_limit, evict, measure, residency
-from seqloader.format.spec import is_record_key
+from seqloader.format.keys import is_record_key
 
 RESULT_KEYS = {"loader": str, "mode": str, "workers": int, "batch_size": int,
                "images": int, "batches": int, "seconds": float, "images_per_s": float,

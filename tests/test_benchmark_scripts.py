@@ -260,7 +260,7 @@ def test_reduced_by_size_fractional_renders_the_same_crop():
     crop differs by tens."""
     rbs = _bench_module("reduced_by_size")
     MEAN, STD, make_set = rbs.MEAN, rbs.STD, rbs.make_set  # (from transforms_bench)
-    from seqloader.format.jpeg import add_restart_markers
+    from seqloader.write.prepare import add_restart_markers
     from seqloader.transforms import (Compose, Normalize, RandomHorizontalFlip,
                                       RandomResizedCrop, ToTensor, compile_fused)
 

@@ -1,5 +1,5 @@
 """Real-world images: whatever OpenCV or Pillow decodes is stored and loads, quietly
-(NOTE [ damaged JPEGs ] in images.py, NOTE [ decoder chatter ] in decoders.py).
+(NOTE [ damaged JPEGs ] in write/prepare.py, NOTE [ decoder chatter ] in decoders.py).
 
 The corpus is written here with OpenCV and Pillow and then damaged the ways real
 files are."""
@@ -14,8 +14,8 @@ import simplejpeg
 
 from conftest import read_records
 from seqloader import Loader, WriteOptions, scan_class_tree, write_split
-from seqloader.write.decoders import captured_stderr, clean_jpeg_header
-from seqloader.format.jpeg import check_stored, prepare_image, sniff_format
+from seqloader.format.decoders import captured_stderr, clean_jpeg_header
+from seqloader.write.prepare import check_stored, prepare_image, sniff_format
 from seqloader.transforms import Compose, RandomResizedCrop, ToTensor
 from seqloader.write.writer import WARNED
 

@@ -111,7 +111,7 @@ def test_the_commands_name_an_image_tree(synth_tree, capsys, command):
 
 
 def test_an_empty_folder_still_says_what_was_looked_for(tmp_path):
-    from seqloader.format.spec import find_database
+    from seqloader.format.files import find_database
 
     with pytest.raises(FileNotFoundError, match=r"no database for split 'train' in .*"
                                                 r"ILSVRC-train.lmdb.*no .lmdb files"):
@@ -161,7 +161,7 @@ def test_verify_of_a_folder_fails_if_any_split_does(lmdb_dir, tmp_path, capsys):
 
 def test_database_splits_and_the_split_bench_takes(lmdb_dir, tmp_path):
     from seqloader.cli import path_splits
-    from seqloader.format.spec import database_splits
+    from seqloader.format.files import database_splits
 
     assert database_splits(lmdb_dir) == ["train", "val"]
     (tmp_path / "ILSVRC-val.lmdb").write_bytes(b"")

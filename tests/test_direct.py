@@ -20,7 +20,7 @@ import seqloader.read.reader as reader_mod
 import seqloader.transforms as T
 from seqloader import Loader
 from seqloader.read.database import Database, open_database
-from seqloader.format.spec import META_KEY
+from seqloader.format.keys import META_KEY
 from seqloader.errors import FormatError
 from seqloader.read.reader import RangeReader
 
@@ -239,7 +239,7 @@ def test_loader_batches_are_identical_with_direct_io(big_db, monkeypatch):
 def test_raw_loader_with_direct_io_in_file_order(big_db, monkeypatch):
     """transform=None, shuffle=False: every record once, in file order, as stored."""
     _small_blocks(monkeypatch)
-    from seqloader.format.spec import unpack_record
+    from seqloader.format.records import unpack_record
 
     want = [unpack_record(v) for v in _records(big_db)]
     with Loader(big_db.paths[0], "train", None, batch_size=7, num_workers=0, io="direct") as ld:

@@ -11,8 +11,9 @@ import pytest
 from conftest import read_records
 from test_transforms import _run, jpeg, val_recipe
 
-from seqloader.transforms import (fused as _fused, CenterCrop, Compose, RandomResizedCrop, Resize,
-                                  ToTensor, compile_fused, decode_rgb)
+from seqloader.transforms import resample as _resample
+from seqloader.transforms import (CenterCrop, Compose, RandomResizedCrop, Resize, ToTensor,
+                                  compile_fused, decode_rgb)
 
 
 def detailed_jpeg(h: int, w: int, seed: int, quality: int = 90) -> bytes:
@@ -108,12 +109,12 @@ def test_resize_top_margin_is_enough():
     rng = np.random.default_rng(5)
     img = rng.integers(0, 256, (601, 433, 3), np.uint8)
     checked = 0
-    for mode in sorted(_fused.TOP_MODES):
+    for mode in sorted(_resample.TOP_MODES):
         for nh, nw in ((500, 360), (256, 184), (128, 92), (700, 505)):
-            whole = _fused.resize(img, nh, nw, mode, True)
-            s, reach = 601 / nh, _fused.top_reach(601, nh)
+            whole = _resample.resize(img, nh, nw, mode, True)
+            s, reach = 601 / nh, _resample.top_reach(601, nh)
             for cut in range(300, 316):
-                top = _fused.resize_top(img[:cut], (601, 433), nh, nw, mode, True)
+                top = _resample.resize_top(img[:cut], (601, 433), nh, nw, mode, True)
                 rows = sum(1 for r in range(nh) if (r + 1) * s + reach <= cut)
                 assert rows > 0 and np.array_equal(top[:rows], whole[:rows]), (mode, nh, cut)
                 checked += 1

@@ -5,9 +5,10 @@ import msgpack
 import pytest
 
 from seqloader.read.database import open_database
-from seqloader.format.spec import (FORMAT_VERSION, META_KEY, Record, decode_key, encode_key,
-                                   find_database, is_record_key, pack_meta, pack_record,
-                                   shard_path, unpack_meta, unpack_record)
+from seqloader.format.meta import FORMAT_VERSION, pack_meta, unpack_meta
+from seqloader.format.keys import META_KEY, decode_key, encode_key, is_record_key
+from seqloader.format.records import Record, pack_record, unpack_record
+from seqloader.format.files import find_database, shard_path
 from seqloader.errors import FormatError, IncompleteError
 
 
@@ -187,7 +188,7 @@ def test_shard_files_of_a_split_name_with_glob_characters(tmp_path):
     shards."""
     from pathlib import Path
 
-    from seqloader.format.spec import is_shard_name, shard_files, shard_path
+    from seqloader.format.files import is_shard_name, shard_files, shard_path
 
     for k in range(2):
         shard_path(tmp_path / "ILSVRC-train.lmdb", k, 2).write_bytes(b"")

@@ -4,7 +4,8 @@ import cv2
 import numpy as np
 import pytest
 
-from seqloader.format.jpeg import decode_bgr, jpeg_info, prepare_image, sniff_format
+from seqloader.write.prepare import decode_bgr, prepare_image, sniff_format
+from seqloader.format.jpeg import jpeg_info
 
 
 def _photo(h=48, w=64):
@@ -75,7 +76,7 @@ def test_data_after_the_end_of_image_is_not_truncation():
     """Camera trailers (or a second picture) after the EOI: whole files, stored as they
     are.  An EXIF thumbnail's EOI comes before the scan: a truncated file with one is
     still truncated."""
-    from seqloader.format.jpeg import check_stored
+    from seqloader.write.prepare import check_stored
 
     good = _jpeg(_photo(200, 200))
     for trailer in (b"SEFH" + bytes(range(256)) * 20, good):  # opaque bytes; an MPF-like 2nd JPEG
@@ -132,8 +133,8 @@ def test_reduced_decode_check_rejects_what_a_full_decode_rejects():
 
 @pytest.mark.needs("jpegtran")
 def test_restart_markers_transcode_is_lossless_and_leaves_damaged_data_alone():
-    from seqloader.format.jpeg import (add_restart_markers, jpeg_frame, jpeg_scan, restart_blocks,
-                                           restart_grid)
+    from seqloader.write.prepare import add_restart_markers, restart_blocks
+    from seqloader.format.jpeg import jpeg_frame, jpeg_scan, restart_grid
     img = _photo(200, 320)
     data = _jpeg(img)
     assert not restart_grid(data)
@@ -184,7 +185,8 @@ def test_restart_marked_jpeg_that_cannot_decode_is_rejected_with_restart_markers
     """A JPEG whose restart markers tile it already only gets an index (no jpegtran
     pass), so it must still go through the decode check: here its scan names Huffman
     tables that are never defined."""
-    from seqloader.format.jpeg import restart_blocks, restart_grid
+    from seqloader.write.prepare import restart_blocks
+    from seqloader.format.jpeg import restart_grid
 
     img = np.random.default_rng(1).integers(0, 256, (64, 128, 3), np.uint8)
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90,
@@ -221,7 +223,7 @@ def test_image_too_large_for_opencv_is_a_bad_file_not_a_crash(tmp_path):
     import struct
 
     from seqloader import WriteOptions, preprocess
-    from seqloader.format.jpeg import check_stored
+    from seqloader.write.prepare import check_stored
 
     png = _png_claiming(40000, 40000)
     jpeg = bytearray(_jpeg(_photo(16, 16)))

@@ -10,7 +10,7 @@ import torch
 
 from conftest import read_records
 from seqloader import Loader, open_database
-from seqloader.format.spec import shard_path
+from seqloader.format.files import shard_path
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -217,7 +217,7 @@ def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_di
     while decoding (here the 21st of 40, in the second run) is the one named."""
     import numpy as np
     from conftest import read_records
-    from seqloader.format.spec import pack_record
+    from seqloader.format.records import pack_record
     from seqloader.dataflow.batch import _RUN, ProducerSpec, batch_rng, decode_batch
     recs = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")][:40]
     assert len(recs) == 40 and _RUN < 21 < 2 * _RUN

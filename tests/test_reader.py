@@ -12,7 +12,8 @@ import torch
 import seqloader.transforms as T
 from seqloader import Loader
 from seqloader.read.database import Database, close_env, open_database, open_env
-from seqloader.format.spec import EXTENT_DTYPE, META_KEY, encode_key
+from seqloader.format.meta import EXTENT_DTYPE
+from seqloader.format.keys import META_KEY, encode_key
 from seqloader.errors import FormatError
 from seqloader.dataflow.batch import ProducerSpec
 from seqloader.read.reader import RangeReader
@@ -307,7 +308,7 @@ def test_a_file_cut_under_an_open_reader_is_named_and_a_replaced_one_kept(lmdb_d
     code = f"""
 import os
 from seqloader import Loader
-from seqloader.format.spec import FormatError
+from seqloader.errors import FormatError
 path = {str(db / "ILSVRC-train.lmdb")!r}
 loader = Loader(os.path.dirname(path), "train", None, batch_size=4, num_workers=0)
 list(loader)

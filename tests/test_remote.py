@@ -15,7 +15,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from seqloader.format.spec import META_KEY
+from seqloader.format.keys import META_KEY
 from seqloader.read.lmdbpages import lookup_first_leaf
 
 HERE = Path(__file__).resolve().parent

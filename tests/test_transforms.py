@@ -5,6 +5,7 @@ import math
 import pickle
 import shutil
 import subprocess
+import threading
 
 import cv2
 import numpy as np
@@ -504,7 +505,7 @@ def test_grey_jpeg_with_sampling_factors_has_one_block_mcus():
     """A one-component scan is not interleaved: its MCU is one 8x8 block even when the
     header gives the component 2x2 sampling (cjpeg -grayscale -sample 2x2).  A 16 px MCU
     made the restart grid wrong, so such files were always decoded whole."""
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
     from seqloader.format.jpeg import jpeg_frame, restart_layout
 
     grey = smooth_rgb(301, 333, seed=3)[..., 1]
@@ -514,11 +515,11 @@ def test_grey_jpeg_with_sampling_factors_has_one_block_mcus():
     frame = jpeg_frame(data)
     assert data[frame.offset + 11] == 0x22  # the header's sampling factors: 2x2
     assert (frame.mcu_height, frame.mcu_width) == (8, 8)
-    buf, local = np.frombuffer(data, np.uint8), _fused.threading.local()
-    full = _fused.decode_jpeg(buf, frame, 1, _fused.Region(0, 301, 0, 333), local)[0].copy()
-    reg, scan = _fused.restart_window(buf, frame, 1, _fused.Region(100, 250, 120, 200), 1)
+    buf, local = np.frombuffer(data, np.uint8), threading.local()
+    full = _jw.decode_jpeg(buf, frame, 1, _jw.Region(0, 301, 0, 333), local)[0].copy()
+    reg, scan = _jw.restart_window(buf, frame, 1, _jw.Region(100, 250, 120, 200), 1)
     assert scan is not None and restart_layout(frame, scan)[1] == 7  # 42 MCUs: 7 groups of 6
-    img, got = _fused.decode_jpeg(buf, frame, 1, reg, local, scan)
+    img, got = _jw.decode_jpeg(buf, frame, 1, reg, local, scan)
     assert got == reg and reg.right - reg.left < 333
     assert np.array_equal(img[:, :reg.right - reg.left - 1],
                           full[reg.top:reg.bottom, reg.left:reg.right - 1])
@@ -557,7 +558,6 @@ def test_partial_decode_never_changes_a_pixel(recipe, capfd):
     """NOTEs [ row-limited decode ] and [ restart windows ]: stopping the decoder below
     the crop, and starting it at a restart marker above it, give exactly the full
     decode's sample, at every scale, chroma layout and resampling kernel."""
-    from seqloader.transforms import fused as _fused
     from seqloader.format.jpeg import jpeg_frame
     approx = {"eval_mode": "approximate"}  # (the exact one: test_exact_eval_*)
     part, whole = (compile_fused(recipe, **approx),
@@ -599,9 +599,9 @@ def test_restart_window_matches_full_decode(reach):
     the full decode from ``reach`` decoded px outside the crop inwards (NOTE [ render
     reach ]) -- for crops starting on, just before and just after every kind of segment
     boundary, at every scale."""
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
     from seqloader.format.jpeg import jpeg_frame
-    local = _fused.threading.local()
+    local = threading.local()
     checked = narrowed = 0
     variants = _variants(index=True)
     assert sum(n.endswith("+index") for n in variants) == 6  # the ones whose markers tile
@@ -610,15 +610,15 @@ def test_restart_window_matches_full_decode(reach):
             continue
         buf, frame = np.frombuffer(data, np.uint8), jpeg_frame(data)
         for k in (1, 2, 4, 8):
-            full = _fused.decode_jpeg(buf, frame, k, _fused.Region(0, frame.height, 0, frame.width),
-                                      local)[0].copy()
+            full = _jw.decode_jpeg(buf, frame, k, _jw.Region(0, frame.height, 0, frame.width),
+                                   local)[0].copy()
             for d in (-1, 0, 1, 6, 7, 12, 13, 24, 25, 48, 49):
                 y0, x0, x1 = 48 + d, 64 + d, 960 + d
-                want = _fused.Region(y0, 800, x0, x1)
-                reg, scan = _fused.restart_window(buf, frame, k, want, reach)
+                want = _jw.Region(y0, 800, x0, x1)
+                reg, scan = _jw.restart_window(buf, frame, k, want, reach)
                 if scan is None:
                     continue
-                img, got = _fused.decode_jpeg(buf, frame, k, reg, local, scan)
+                img, got = _jw.decode_jpeg(buf, frame, k, reg, local, scan)
                 assert got == reg and reg.top % frame.mcu_height == 0
                 assert reg.left % frame.mcu_width == 0 and reg.right >= x1
                 narrowed += reg.right - reg.left < frame.width
@@ -626,7 +626,7 @@ def test_restart_window_matches_full_decode(reach):
                 # (decoded_rows()'s margin) and the right edge's SPLICE_EDGE decoded px
                 # of chroma context (when it is not the image's edge)
                 t, l = (y0 - reach * k) // k, (x0 - reach * k) // k
-                e = _fused.SPLICE_EDGE  # decoded px a spliced edge changes
+                e = _jw.SPLICE_EDGE  # decoded px a spliced edge changes
                 assert reg.top == 0 or reg.top // k <= t - e
                 assert reg.left == 0 or reg.left // k <= l - e
                 b = (800 - frame.mcu_height) // k
@@ -640,18 +640,20 @@ def test_restart_window_matches_full_decode(reach):
 
 def test_partial_decode_same_samples_without_simplejpeg(monkeypatch):
     """Without simplejpeg every image is decoded whole by OpenCV: same samples."""
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
+    from seqloader.format.jpeg import jpeg_frame
     data = _variants()["420"]
     pipe = compile_fused(train_recipe())
     want = [_run(pipe, data, s) for s in range(6)]
-    monkeypatch.setattr(_fused, "simplejpeg", None)
-    frame = _fused.jpeg_frame(data)
-    assert _fused.decoded_rows(frame, 1, 10.0) == frame.height
+    monkeypatch.setattr(_jw, "simplejpeg", None)
+    frame = jpeg_frame(data)
+    assert _jw.decoded_rows(frame, 1, 10.0) == frame.height
     assert all(np.array_equal(_run(pipe, data, s), w) for s, w in enumerate(want))
 
 
 def test_partial_decode_survives_damaged_and_odd_jpegs():
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
+    from seqloader.format.jpeg import jpeg_frame
     data = _variants()["420"]
     pipe = compile_fused(Compose([RandomResizedCrop(64)]))
     with pytest.raises(ValueError, match="cannot decode JPEG"):
@@ -660,9 +662,9 @@ def test_partial_decode_survives_damaged_and_odd_jpegs():
     damaged[len(data) // 2:len(data) // 2 + 64] = bytes(64)  # corrupt entropy data
     out = _run(pipe, bytes(damaged), 0)  # decodes with warnings, like OpenCV
     assert out.shape == (64, 64, 3)
-    frame = _fused.jpeg_frame(data)
-    img, reg = _fused.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2,
-                                  _fused.Region(0, 64, 0, frame.width), _fused.threading.local())
+    frame = jpeg_frame(data)
+    img, reg = _jw.decode_jpeg(np.frombuffer(data, np.uint8), frame, 2,
+                               _jw.Region(0, 64, 0, frame.width), threading.local())
     assert reg == (0, 64, 0, frame.width) and img.shape == (32, -(-frame.width // 2), 3)
 
 
@@ -816,7 +818,7 @@ def test_restart_windows_survive_damaged_markers():
     """A JPEG whose restart markers are not where its header says (a marker overwritten,
     bytes cut out) is decoded whole instead (with libjpeg's warnings, like any damaged
     JPEG), or fails with the usual error -- never a crash or a hang."""
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
     from seqloader.format.jpeg import jpeg_frame, jpeg_scan
     data = _variants()["restart-4mcu"]
     frame = jpeg_frame(data)
@@ -830,7 +832,7 @@ def test_restart_windows_survive_damaged_markers():
     windows = 0
     for damaged in (bytes(one_gone), cut):
         buf = np.frombuffer(damaged, np.uint8)
-        assert _fused._splice(buf, frame, scan, _fused.Region(320, 640, 256, 768)) is None
+        assert _jw._splice(buf, frame, scan, _jw.Region(320, 640, 256, 768)) is None
         for seed in range(10):
             plan = pipe.plan(frame.height, frame.width, np.random.default_rng(seed))
             reg, _ = pipe.decode_window(buf, frame, plan)
@@ -849,7 +851,7 @@ def test_restart_index_is_used_and_a_wrong_one_is_not_trusted():
     finds, is left out of spliced copies, and where it disagrees with the data (here two
     segment lengths swapped: the same count and total) the markers are found by
     scanning -- same samples as a full decode."""
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
     from seqloader.format.jpeg import (_INDEX_TAG, add_restart_index, indexed_marks, jpeg_frame,
                                            jpeg_scan, restart_marks)
     data = _variants()["restart-4mcu"]
@@ -863,7 +865,7 @@ def test_restart_index_is_used_and_a_wrong_one_is_not_trusted():
     assert add_restart_index(indexed) is indexed and add_restart_index(_variants()["420"]) is not None
     assert np.array_equal(cv2.imdecode(buf, cv2.IMREAD_COLOR),
                           cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR))
-    spliced = _fused._splice(buf, frame, scan, _fused.Region(320, 640, 256, 768))
+    spliced = _jw._splice(buf, frame, scan, _jw.Region(320, 640, 256, 768))
     assert _INDEX_TAG not in spliced.tobytes()
     # two neighbouring lengths swapped, inside the rows crops use
     at = scan.index[0] + 4 + len(_INDEX_TAG) + 2 * (21 * 30 + 5)
@@ -898,7 +900,7 @@ def test_opencv_reads_nothing_outside_a_slice():
     the slice's edge) -- else the 1-px margin around a cut-out box would not hold."""
     import cv2
 
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import resample as _resample
     rng = np.random.default_rng(3)
     big = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
     view = big[40:250, 50:330]
@@ -908,8 +910,8 @@ def test_opencv_reads_nothing_outside_a_slice():
                           cv2.sepFilter2D(copy, -1, taps, taps, borderType=cv2.BORDER_REPLICATE))
     for mode in ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos"):
         for size in ((64, 64), (100, 90), (224, 224), (400, 500)):
-            assert np.array_equal(_fused.resize(view, *size, mode, True),
-                                  _fused.resize(copy, *size, mode, True)), (mode, size)
+            assert np.array_equal(_resample.resize(view, *size, mode, True),
+                                  _resample.resize(copy, *size, mode, True)), (mode, size)
 
 
 def test_only_fractional_upscales_are_sampled_in_place():
@@ -937,23 +939,23 @@ def test_stopped_decode_margin_is_exact():
     crops ending at every residue of the MCU height, at every scale and chroma layout.
     (The margin is one decoded row: without it -- mutation-checked -- the last row of a
     4:2:0 image stopped on a row the render reads differs.)"""
-    from seqloader.transforms import fused as _fused
+    from seqloader.transforms import jpegwindow as _jw
     from seqloader.format.jpeg import jpeg_frame
-    local = _fused.threading.local()
+    local = threading.local()
     checked = 0
     for name, data in _variants().items():
         buf, frame = np.frombuffer(data, np.uint8), jpeg_frame(data)
         if name in ("progressive", "small"):
             continue
         for k in (1, 2, 4, 8):
-            full = _fused.decode_jpeg(buf, frame, k, _fused.Region(0, frame.height, 0, frame.width),
-                                      local)[0].copy()
-            for reach in (_fused.SLICE_REACH, _fused.WARP_REACH):
+            full = _jw.decode_jpeg(buf, frame, k, _jw.Region(0, frame.height, 0, frame.width),
+                                   local)[0].copy()
+            for reach in (_jw.SLICE_REACH, _jw.WARP_REACH):
                 for y1 in range(300, 300 + 2 * frame.mcu_height):
-                    rows = _fused.decoded_rows(frame, k, y1, reach)
+                    rows = _jw.decoded_rows(frame, k, y1, reach)
                     assert rows % frame.mcu_height == 0 and rows < frame.height
-                    img = _fused.decode_jpeg(buf, frame, k, _fused.Region(0, rows, 0, frame.width),
-                                             local)[0]
+                    img = _jw.decode_jpeg(buf, frame, k, _jw.Region(0, rows, 0, frame.width),
+                                          local)[0]
                     read = -(-y1 // k) + reach  # decoded rows the render may read
                     assert np.array_equal(img[:read], full[:read]), (name, k, reach, y1)
                     checked += 1

@@ -17,9 +17,11 @@ from conftest import (assert_extents_match, raw_items, read_records, resident_fr
 from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
                        scan_class_tree, write_split)
 from seqloader.cli import main as cli
-from seqloader.format.spec import FORMAT_VERSION, META_KEY, encode_key, shard_path
+from seqloader.format.meta import FORMAT_VERSION
+from seqloader.format.keys import META_KEY, encode_key
+from seqloader.format.files import shard_path
 from seqloader.errors import IncompleteError
-from seqloader.format.jpeg import decode_bgr
+from seqloader.write.prepare import decode_bgr
 from seqloader.write.writer import write_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -632,7 +634,7 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
 
     import numpy as np
 
-    from seqloader.format.spec import pack_meta, unpack_meta
+    from seqloader.format.meta import pack_meta, unpack_meta
     from seqloader.write.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
@@ -754,7 +756,7 @@ def test_verify_accepts_small_records_whose_extent_is_an_identical_copy(tmp_path
 def _reader_records(path):
     """Records as the Loader's reader returns them (through the metadata's extents)."""
     from seqloader.read.database import open_database
-    from seqloader.format.spec import unpack_record
+    from seqloader.format.records import unpack_record
     from seqloader.read.reader import RangeReader
 
     db = open_database(path)

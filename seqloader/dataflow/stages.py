@@ -317,7 +317,7 @@ def _call_reporting(fn: Callable[[Any], Any], dp: Any, key: tuple[int, int, int]
     exception comes back as a RuntimeError carrying its type, message and traceback --
     some exceptions cannot be pickled or rebuilt in the parent, which the pool would
     report as a dead worker."""
-    from ..transforms.fused import seed_default
+    from ..transforms.rng import seed_default
     ss = np.random.SeedSequence([*key, 3])
     seed_default(ss)
     seed_global_rngs(int(ss.generate_state(1)[0]))

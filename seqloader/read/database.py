@@ -16,8 +16,10 @@ import os
 import lmdb
 import numpy as np
 
-from ..format.spec import (META_KEY, EmptyDatabaseError, Meta, Record, bad_files_path, db_name,
-                           encode_key, find_database, unpack_meta, unpack_record)
+from ..format.keys import META_KEY, encode_key
+from ..format.meta import EmptyDatabaseError, Meta, unpack_meta
+from ..format.records import Record, unpack_record
+from ..format.files import bad_files_path, db_name, find_database
 from ..errors import FormatError
 
 if TYPE_CHECKING:  # (imported when a URL is opened)
@@ -170,7 +172,7 @@ class Database:
 
 
     def _first_remote_record(self) -> Record:
-        from ..format.spec import meta_extents
+        from ..format.meta import meta_extents
         from .remote import safe_url
 
         f = self.remote.files[0]
@@ -184,14 +186,14 @@ class Database:
 def open_database(path: str | Path, split: str | None = None, *,
                   require_complete: bool = True, require_records: bool = True,
                   remote: "RemoteOptions | None" = None) -> Database:
-    """Find and check the shard files of a database (see :func:`~seqloader.format.spec.find_database`).
+    """Find and check the shard files of a database (see :func:`~seqloader.format.files.find_database`).
 
     ``path`` may be a URL (``s3://bucket/imagenet``, ``https://...``, any fsspec
     protocol; NOTE [ remote reading ] in :mod:`seqloader.read.remote`), read as ``remote``
     says (default :class:`~seqloader.read.remote.RemoteOptions`).  Raises
     :class:`FormatError` if shards disagree (different writer runs, classes or
     shard counts), :class:`~seqloader.errors.IncompleteError` for unfinished files and,
-    when ``require_records``, :class:`~seqloader.format.spec.EmptyDatabaseError` for a
+    when ``require_records``, :class:`~seqloader.format.meta.EmptyDatabaseError` for a
     complete database without records (:func:`empty_reason`).
     """
     from .remote import RemoteOptions, is_url, open_remote, safe_url

@@ -2,7 +2,7 @@
 
 NOTE [ metadata over ranged reads ]
 LMDB maps its file, so it cannot open a URL; copying a shard to read its metadata
-would move the whole file.  The metadata sits under :data:`~seqloader.format.spec.META_KEY`,
+would move the whole file.  The metadata sits under :data:`~seqloader.format.keys.META_KEY`,
 which sorts before every record key, so it is the first entry of the main database's
 leftmost leaf: two meta pages (the newer one names the root), one page per B-tree
 level down the leftmost edge, and the value itself (one read: a large value lies in

@@ -37,7 +37,8 @@ import numpy as np
 
 from .database import Database, check_identity, close_env, open_env
 from .direct import DirectStream, Part, choose, open_direct
-from ..format.spec import EXTENT_DTYPE, Meta, encode_key, meta_extents
+from ..format.meta import EXTENT_DTYPE, Meta, meta_extents
+from ..format.keys import encode_key
 from ..errors import FormatError
 
 if TYPE_CHECKING:
@@ -598,7 +599,7 @@ class RangeReader:
         os.preadv(sh.fd_through, [memoryview(self._scratch)[:n]], end - n)
 
     def extents(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
-        """File offset and length (:data:`~seqloader.format.spec.EXTENT_DTYPE`) of every record
+        """File offset and length (:data:`~seqloader.format.meta.EXTENT_DTYPE`) of every record
         of ``ranges``, found by walking the B-tree in key order.  The records' own pages
         are not read: LMDB hands out a value's address from its leaf entry (an overflow
         page number), so this reads the leaf pages -- ~1 % of the file for photos, e.g.

@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .direct import DirectStream, Part
-from ..format.spec import META_KEY, Meta, db_name, unpack_meta
+from ..format.keys import META_KEY
+from ..format.meta import Meta, unpack_meta
+from ..format.files import db_name
 from ..errors import FormatError
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
@@ -297,7 +299,7 @@ def _exists(url: str, options: RemoteOptions) -> bool:
 
 
 def find_remote(url: str, split: str | None, options: RemoteOptions) -> list[str]:
-    """The shard URLs of a remote database (as :func:`~seqloader.format.spec.find_database`):
+    """The shard URLs of a remote database (as :func:`~seqloader.format.files.find_database`):
     a file URL, one shard's URL (its siblings are named from it: no listing needed), or
     a folder URL and a split (a listing is needed only for a sharded split)."""
     base, _, name = url.rstrip("/").rpartition("/")

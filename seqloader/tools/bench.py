@@ -636,7 +636,7 @@ def _image_stats(blobs: Iterable[bytes]) -> dict[str, Any]:
 def _db_records(db: Any, indices: Iterable[int]) -> list[bytes]:
     """The packed record values of global ``indices`` (read in the calling process)."""
     from ..read.database import close_env, open_env
-    from ..format.spec import encode_key
+    from ..format.keys import encode_key
 
     if db.remote is not None:  # ranged GETs (NOTE [ remote reading ])
         from ..read.reader import RangeReader
@@ -894,7 +894,7 @@ class _Sources:
 
     def __init__(self, args: argparse.Namespace, loaders: list[str]) -> None:
         from ..read.database import open_database
-        from ..format.spec import database_splits
+        from ..format.files import database_splits
         from ..write.scan import image_tree_hint
 
         from ..read.remote import is_url

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from ..format.spec import db_name
+from ..format.files import db_name
 from .scan import Scan, scan_class_tree, scan_labelled_folder
 from .writer import WriteOptions, WriteReport, write_split
 

@@ -58,13 +58,14 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..read.database import Database, close_env, open_env, read_meta
-from ..format.spec import (CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, EXTENT_DTYPE, FORMAT_VERSION,
-                           META_KEY, Meta, Record, bad_files_path, chain_checksum, encode_key,
-                           pack_meta, is_shard_name, pack_record, record_digest, shard_files,
-                           shard_path)
+from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
+from ..format.meta import EXTENT_DTYPE, FORMAT_VERSION, Meta, pack_meta
+from ..format.keys import META_KEY, encode_key
+from ..format.records import Record, pack_record
+from ..format.files import bad_files_path, is_shard_name, shard_files, shard_path
 from ..errors import FormatError
 from ..read.pages import PAGE as _PAGE, address, map_base, unmap
-from ..format.jpeg import JPEGTRAN_HELP, prepare_image
+from .prepare import JPEGTRAN_HELP, prepare_image
 from ..dataflow.ordered import ordered_map, ordered_process_map
 from .scan import Scan
 from ..errors import BadImageError
@@ -352,7 +353,7 @@ class _ShardWriter:
                         writer={"seqloader": __version__, "verify": o.verify,
                                 "max_size": o.max_size, "quality": o.quality,
                                 "restart_markers": o.restart_markers,
-                                # NOTE [ restart index ] in images.py (absent: an older writer)
+                                # NOTE [ restart index ] in format/jpeg.py (absent: an older writer)
                                 "restart_index": o.restart_markers})
         # the fingerprint includes FORMAT_VERSION, which fixes the algorithm
         assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm

@@ -121,9 +121,9 @@ def decode_pil(data: bytes) -> tuple[np.ndarray | None, str, str]:
 
 
 def check_jpeg(data: bytes) -> tuple[bool, str]:
-    """Decode a JPEG at 1/8 scale in grey (NOTE [ decode check ] in ``images.py``):
-    ``(True, "")`` if it decodes without a warning, ``(False, the warning or error)``
-    otherwise.  Silent (NOTE [ decoder chatter ])."""
+    """Decode a JPEG at 1/8 scale in grey (NOTE [ decode check ] in
+    ``seqloader/write/prepare.py``): ``(True, "")`` if it decodes without a warning,
+    ``(False, the warning or error)`` otherwise.  Silent (NOTE [ decoder chatter ])."""
     if simplejpeg is not None:
         try:
             simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1,

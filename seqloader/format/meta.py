@@ -1,0 +1,136 @@
+"""The metadata record of a database file: what it holds, whether it is complete, how
+it was written; read and checked here."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..errors import FormatError, IncompleteError
+from .checksum import CHECKSUM_ALGORITHM, HASHES
+from .keys import META_KEY
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Meta", "EmptyDatabaseError", "EXTENT_DTYPE",
+           "meta_extents", "pack_meta", "unpack_meta"]
+
+FORMAT_NAME = "seqloader"
+#: Bumped whenever a reader of the previous version could misread a new file.
+#: Version 2 (seqloader 0.2): the checksum is SHA-256 (``Meta.checksum_algorithm``);
+#: version 1 files (BLAKE2b) are still read and verified.
+FORMAT_VERSION = 2
+
+
+class EmptyDatabaseError(FormatError):
+    """A complete database with no records (older writers left one when every source
+    image of a split was undecodable); nothing can be read from it."""
+
+
+@dataclass
+class Meta:
+    """The metadata record of one database file (one shard of a split).
+
+    ``num_records`` counts the records in *this* file (a shard's global offset is the
+    sum of the earlier shards' counts, so shards can be written independently).
+    ``checksum`` is :func:`~seqloader.format.checksum.chain_checksum` over this file's
+    records, in key order, with the hash ``checksum_algorithm`` (``"sha256"``;
+    ``"blake2b-256"`` in version 1 files).
+    ``bad_files`` lists ``[path, reason]`` of skipped sources; ``labels`` holds every
+    record's label (int32 little-endian) so label statistics need no data pass.  ``fingerprint``
+    identifies the writer's plan (sources, order, options): a resumed write must
+    match it, and shards of one split share it.
+    """
+
+    split: str
+    classes: list[str]
+    num_records: int
+    complete: bool
+    checksum: str
+    fingerprint: str
+    checksum_algorithm: str = CHECKSUM_ALGORITHM
+    shard: int = 0
+    num_shards: int = 1
+    image_bytes: int = 0
+    shuffled: bool = False
+    seed: int | None = None
+    created: str = ""
+    writer: dict[str, Any] = field(default_factory=dict)
+    labels: bytes = b""  # int32 little-endian, one per record; written on completion
+    #: Where each record's value lies in the file: :data:`EXTENT_DTYPE` (file offset
+    #: uint64 + length uint32, little-endian), one per record; written on completion.
+    #: Optional: without it (older files) readers find records through the B-tree.
+    extents: bytes = b""
+    # writer progress (meaningful while complete is False)
+    next_source: int = 0
+    bad_files: list[list[str]] = field(default_factory=list)
+    #: ``[path, warning]`` of sources stored although a decoder warned (NOTE [ damaged
+    #: JPEGs ] in ``seqloader/write/prepare.py``); absent in files of older writers
+    warned_files: list[list[str]] = field(default_factory=list)
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+_META_FIELDS = {f.name for f in dataclasses.fields(Meta)}
+
+#: One entry of :attr:`Meta.extents`: a record value's byte offset in the file and its length.
+EXTENT_DTYPE = np.dtype([("offset", "<u8"), ("length", "<u4")])
+
+
+def meta_extents(meta: Meta, size: int, *, where: str) -> np.ndarray | None:
+    """:attr:`Meta.extents` as an array, checked against the file's ``size``; None when
+    the file has none.  Raises :class:`FormatError` if they cannot describe this file."""
+    if not meta.extents:
+        return None
+    ext = np.frombuffer(meta.extents, EXTENT_DTYPE)
+    if len(meta.extents) != meta.num_records * EXTENT_DTYPE.itemsize or (
+            len(ext) and int((ext["offset"] + ext["length"]).max()) > size):
+        raise FormatError(f"{where}: the metadata's record extents do not fit this file "
+                          f"({size} bytes, {meta.num_records} records); it is truncated or "
+                          "damaged: re-copy it, or check it with `seqloader verify`")
+    return ext
+
+
+def pack_meta(meta: Meta) -> bytes:
+    return msgpack.packb(dataclasses.asdict(meta), use_bin_type=True)
+
+
+def unpack_meta(value: bytes | memoryview | None, *, where: str, require_complete: bool = True) -> Meta:
+    """Parse and check a metadata value read from ``where`` (a path, for messages).
+
+    Raises :class:`FormatError` for a missing/foreign/newer-version metadata record and
+    :class:`IncompleteError` for an unfinished file when ``require_complete``.
+    """
+    if value is None:
+        raise FormatError(f"{where}: no seqloader metadata record ({META_KEY!r}); this LMDB "
+                          "was not written by seqloader. Convert the image folder with "
+                          "`seqloader preprocess` (or preprocess_sequential.py)")
+    try:
+        d = msgpack.unpackb(value, raw=False)
+    except Exception as e:
+        raise FormatError(f"{where}: metadata record is not valid msgpack ({e}); the file is "
+                          "damaged: re-create it with `seqloader preprocess`") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+        raise FormatError(f"{where}: metadata does not describe a seqloader database")
+    version = d.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise FormatError(f"{where}: format version {version!r} is not supported by this "
+                          f"seqloader (reads version {FORMAT_VERSION}); upgrade seqloader "
+                          "(`pip install -U seqloader`) or re-create the file with this version")
+    if version == 1:  # NOTE [ checksum ]: version 1 had one algorithm and no field for it
+        d["checksum_algorithm"] = "blake2b-256"
+    if d.setdefault("checksum_algorithm", CHECKSUM_ALGORITHM) not in HASHES:
+        raise FormatError(f"{where}: checksum algorithm {d.get('checksum_algorithm')!r} is not "
+                          f"one this seqloader knows ({', '.join(sorted(HASHES))}); the file "
+                          "is damaged or from a newer seqloader: upgrade, or re-create it")
+    meta = Meta(**{k: v for k, v in d.items() if k in _META_FIELDS})
+    if require_complete and not meta.complete:
+        raise IncompleteError(
+            f"{where}: the database is incomplete ({meta.num_records} records written, writer "
+            "did not finish). Re-run the same preprocessing command to resume it")
+    return meta
