@@ -5,7 +5,7 @@ import msgpack
 import pytest
 
 from seqloader.read.database import open_database
-from seqloader.format.spec import (FORMAT_VERSION, META_KEY, Record, decode_key, encode_key,
+from seqloader.format.spec import (FORMAT_VERSION, META_KEY, PLAIN_VERSION, Record, decode_key, encode_key,
                                    find_database, is_record_key, pack_meta, pack_record,
                                    shard_path, unpack_meta, unpack_record)
 from seqloader.errors import FormatError, IncompleteError
@@ -134,7 +134,7 @@ def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
         return c.hex()
 
     sha = open_database(src).metas[0]
-    assert sha.version == FORMAT_VERSION == 2 and sha.checksum_algorithm == "sha256"
+    assert sha.version == PLAIN_VERSION == 2 and sha.checksum_algorithm == "sha256"
     assert sha.checksum == chain(hashlib.sha256)
 
     old = tmp_path / "v1.lmdb"

@@ -7,6 +7,12 @@ A seqloader database is one LMDB file (``subdir=False``) per shard.  Inside it:
   sort bytewise in numeric order, so an LMDB cursor walks records in write order,
   and writing with ``append=True`` lays them out on disk in that order.
 * Each record value is a **msgpack map** ``{"image": bytes, "label": int, ...}``.
+  Format version 3 adds two kinds of record, each announced by the metadata: with
+  ``Meta.target_kind == "any"`` a record holds ``"target"`` (any msgpack value, numpy
+  arrays tagged: NOTE [ targets ] in ``seqloader/format/targets.py``) instead of
+  ``"label"``; with ``Meta.image_format == "pixels"`` its ``"image"`` is decoded uint8
+  RGB pixels and ``"shape"`` is ``[h, w, 3]`` (NOTE [ stored pixels ] in
+  ``seqloader/format/pixels.py``).
   Optional fields: ``"path"`` (the source file relative to its split folder) and
   ``"reencoded"`` (why the stored bytes are not the source file's: ``"cmyk"``,
   ``"png"``, ``"bigtiff"``, ``"tga"``..., ``"resized"``, ``"restart"`` for the
@@ -40,6 +46,7 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 from ..errors import FormatError, IncompleteError
+from .targets import TARGET_KINDS, decode_target, encode_target
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError", "EmptyDatabaseError",
@@ -47,14 +54,20 @@ __all__ = [
     "unpack_record", "pack_meta", "unpack_meta", "record_digest", "chain_checksum", "EMPTY_CHECKSUM",
     "CHECKSUM_ALGORITHM",
     "shard_path", "shard_files", "is_shard_name", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
-    "bad_files_path", "database_splits",
+    "bad_files_path", "database_splits", "PLAIN_VERSION", "IMAGE_FORMATS", "file_version",
 ]
 
 FORMAT_NAME = "seqloader"
 #: Bumped whenever a reader of the previous version could misread a new file.
 #: Version 2 (seqloader 0.2): the checksum is SHA-256 (``Meta.checksum_algorithm``);
 #: version 1 files (BLAKE2b) are still read and verified.
-FORMAT_VERSION = 2
+#: Version 3: records with any target or stored pixels (see above); a file using neither
+#: is written as :data:`PLAIN_VERSION`, which older seqloaders read.
+FORMAT_VERSION = 3
+#: The version of files with class labels and JPEG images (readable by seqloader 0.2).
+PLAIN_VERSION = 2
+#: Values of ``Meta.image_format``: encoded images (JPEG), or decoded pixels.
+IMAGE_FORMATS = ("jpeg", "pixels")
 #: The hash of new files' checksums (NOTE [ checksum ]), and those this version reads.
 CHECKSUM_ALGORITHM = "sha256"
 _HASHES = {"sha256": hashlib.sha256,
@@ -95,18 +108,31 @@ def is_record_key(key: bytes) -> bool:
 
 @dataclass
 class Record:
-    """One sample: the encoded image bytes and its integer label."""
+    """One sample: the encoded image bytes and its integer label -- or, in version-3
+    files, its ``target`` (any value; ``label`` is then -1) and/or its image as pixels
+    (``shape`` ``(h, w, 3)``; ``image`` the uint8 RGB bytes)."""
 
     image: bytes
     label: int
     path: str | None = None
     reencoded: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the target of a ``target_kind == "any"`` record (NOTE [ targets ]); None otherwise
+    target: Any = None
+    #: ``(h, w, 3)`` of a stored-pixels record (NOTE [ stored pixels ]); None for encoded bytes
+    shape: tuple[int, ...] | None = None
 
 
 def pack_record(rec: Record) -> bytes:
-    """Serialize ``rec`` to its msgpack value.  Deterministic for equal records."""
-    d: dict[str, Any] = {"image": rec.image, "label": int(rec.label)}
+    """Serialize ``rec`` to its msgpack value.  Deterministic for equal records.  A
+    record with a ``target`` stores it instead of ``label``."""
+    d: dict[str, Any] = {"image": rec.image}
+    if rec.target is None:
+        d["label"] = int(rec.label)
+    else:
+        d["target"] = encode_target(rec.target)
+    if rec.shape is not None:
+        d["shape"] = [int(x) for x in rec.shape]
     if rec.path is not None:
         d["path"] = rec.path
     if rec.reencoded is not None:
@@ -118,22 +144,32 @@ def pack_record(rec: Record) -> bytes:
     return msgpack.packb(d, use_bin_type=True)
 
 
-_RECORD_FIELDS = ("image", "label", "path", "reencoded")
+_RECORD_FIELDS = ("image", "label", "path", "reencoded", "target", "shape")
 
 
 def unpack_record(value: bytes | memoryview, *, where: str = "record") -> Record:
     """Parse a record value; raises :class:`FormatError` naming ``where`` if malformed."""
     try:
         d = msgpack.unpackb(value, raw=False)
-        image, label = d["image"], d["label"]
+        image, label = d["image"], (d["label"] if "target" not in d else d.get("label", -1))
     except Exception as e:  # msgpack raises several unrelated exception types
         raise FormatError(f"{where}: not a valid seqloader record ({type(e).__name__}: {e}); "
                           "run `seqloader verify` on the file, or re-create it") from None
     if not isinstance(image, bytes) or not isinstance(label, int):
         raise FormatError(f"{where}: record has image of type {type(image).__name__} and "
                           f"label of type {type(label).__name__}; expected bytes and int")
+    shape = d.get("shape")
+    if shape is not None:
+        shape = tuple(shape)
+        if (len(shape) != 3 or shape[2] != 3 or not all(isinstance(x, int) and x > 0 for x in shape)
+                or len(image) != shape[0] * shape[1] * 3):
+            raise FormatError(f"{where}: stored pixels of shape {list(shape)} in {len(image)} "
+                              "bytes; expected [h, w, 3] and h*w*3 bytes: the file is damaged, "
+                              "re-create it")
     return Record(image=image, label=label, path=d.get("path"), reencoded=d.get("reencoded"),
-                  extra={k: v for k, v in d.items() if k not in _RECORD_FIELDS})
+                  extra={k: v for k, v in d.items() if k not in _RECORD_FIELDS},
+                  target=decode_target(d["target"], where) if "target" in d else None,
+                  shape=shape)
 
 
 @dataclass
@@ -175,8 +211,13 @@ class Meta:
     #: ``[path, warning]`` of sources stored although a decoder warned (NOTE [ damaged
     #: JPEGs ] in ``seqloader/format/jpeg.py``); absent in files of older writers
     warned_files: list[list[str]] = field(default_factory=list)
+    #: what records hold as targets: "class" (``label``) or "any" (``target``; NOTE [ targets ])
+    target_kind: str = "class"
+    #: what records hold as images: "jpeg" (encoded bytes) or "pixels" (NOTE [ stored pixels ])
+    image_format: str = "jpeg"
     format: str = FORMAT_NAME
-    version: int = FORMAT_VERSION
+    #: :func:`file_version` of the two fields above (set by the writer)
+    version: int = PLAIN_VERSION
 
     @property
     def num_classes(self) -> int:
@@ -201,6 +242,17 @@ def meta_extents(meta: Meta, size: int, *, where: str) -> np.ndarray | None:
                           f"({size} bytes, {meta.num_records} records); it is truncated or "
                           "damaged: re-copy it, or check it with `seqloader verify`")
     return ext
+
+
+def file_version(target_kind: str = "class", image_format: str = "jpeg") -> int:
+    """The format version a file with these features is written as: :data:`PLAIN_VERSION`
+    unless it uses version 3's (any targets, stored pixels), so that older seqloaders
+    read every file they can read correctly and refuse the others."""
+    if target_kind not in TARGET_KINDS:
+        raise ValueError(f"target_kind={target_kind!r}: use one of {', '.join(TARGET_KINDS)}")
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image_format={image_format!r}: use one of {', '.join(IMAGE_FORMATS)}")
+    return PLAIN_VERSION if (target_kind, image_format) == ("class", "jpeg") else FORMAT_VERSION
 
 
 def pack_meta(meta: Meta) -> bytes:
@@ -236,6 +288,10 @@ def unpack_meta(value: bytes | memoryview | None, *, where: str, require_complet
                           f"one this seqloader knows ({', '.join(sorted(_HASHES))}); the file "
                           "is damaged or from a newer seqloader: upgrade, or re-create it")
     meta = Meta(**{k: v for k, v in d.items() if k in _META_FIELDS})
+    if meta.target_kind not in TARGET_KINDS or meta.image_format not in IMAGE_FORMATS:
+        raise FormatError(f"{where}: records with target kind {meta.target_kind!r} and image "
+                          f"format {meta.image_format!r}, which this seqloader does not know; "
+                          "the file is from a newer seqloader: upgrade (`pip install -U seqloader`)")
     if require_complete and not meta.complete:
         raise IncompleteError(
             f"{where}: the database is incomplete ({meta.num_records} records written, writer "
