@@ -41,6 +41,13 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                    help="losslessly add JPEG restart markers every few MCUs (jpegtran), so "
                         "a random crop decodes only the segments around it: faster "
                         "CPU-bound training on large photos")
+    p.add_argument("--format", choices=("jpeg", "pixels"), default="jpeg", dest="image_format",
+                   help="store JPEG bytes (%(default)s) or decoded uint8 pixels, which the "
+                        "Loader reads without decoding: for hosts where decoding, not the "
+                        "disk, limits training (3 bytes a pixel: pair it with --short-side; "
+                        "`seqloader bench --compare-formats` tells which is faster)")
+    p.add_argument("--short-side", type=int, metavar="PX",
+                   help="with --format pixels: shrink images whose shorter side exceeds PX to PX")
     p.add_argument("--shards", type=int, default=1, help="files per split (%(default)s)")
     p.add_argument("--shard-ids", type=int, nargs="+", metavar="K",
                    help="write only these shards (0-based), e.g. one per machine")
@@ -61,7 +68,8 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        restart_markers=args.restart_markers,
                        store_paths=not args.no_paths, shards=args.shards,
                        shard_ids=args.shard_ids, workers=args.workers,
-                       overwrite=args.overwrite, progress=not args.no_progress)
+                       overwrite=args.overwrite, progress=not args.no_progress,
+                       image_format=args.image_format, short_side=args.short_side)
     for r in preprocess(args.imagenet_dir, args.lmdb_dir, splits=args.splits,
                         val_labels=args.val_labels, options=opt):
         skipped = sum(s.skipped for s in r.shards)

@@ -206,7 +206,7 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                   verify: bool = True, target_kind: str = "auto",
                   classes: Sequence[str] | None = None, strict: bool = False,
                   overwrite: bool = False, progress: bool = True,
-                  scratch: str | Path | None = None) -> WriteReport:
+                  scratch: str | Path | None = None, commit_bytes: int = 64 << 20) -> WriteReport:
     """Write ``dataset`` -- a map-style or iterable dataset of ``(image, target)`` pairs --
     to ``out`` (a folder: ``<out>/ILSVRC-<split>.lmdb``, which ``Loader(out, split)``
     reads; or a ``.lmdb`` path), in a permutation drawn from ``seed`` (``shuffle``).
@@ -217,7 +217,8 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
     ``short_side`` (NOTE [ stored pixels ]).  Targets: class indices or, with
     ``target_kind="any"``, any msgpack value and numpy arrays (NOTE [ targets ]); the
     Loader collates them like ``default_collate``.  ``workers`` processes prepare
-    samples (default: one per core plus one).  Resumable, bad samples skipped and
+    samples (default: one per core plus one); a commit every ``commit_bytes`` of records
+    (what an interrupted run keeps).  Resumable, bad samples skipped and
     reported (``strict``: an error) -- NOTE [ writing a dataset ].  Raises
     FileExistsError rather than replace a database written differently (``overwrite``),
     NoRecordsError if no sample could be stored."""
@@ -230,7 +231,8 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
     opt = WriteOptions(seed=seed, shuffle=shuffle, verify=verify, strict=strict,
                        max_size=max_size, quality=quality, store_paths=False,
                        workers=workers or (os.cpu_count() or 1) + 1, overwrite=overwrite,
-                       progress=progress, image_format=image_format, short_side=short_side)
+                       progress=progress, image_format=image_format, short_side=short_side,
+                       commit_bytes=commit_bytes)
     final = _out_file(out, split)
     if final.exists() and not overwrite and not final.is_file():
         raise FileExistsError(f"{final} is not a file; choose another output")
