@@ -270,3 +270,17 @@ def test_preprocess_cli_stores_pixels(synth_tree, tmp_path):
     images, _ = next(iter(Loader(tmp_path, "val", None, batch_size=4, num_workers=0)))
     assert all(isinstance(im, np.ndarray) and min(im.shape[:2]) <= 24 for im in images)
     assert not verify_database(tmp_path, "val", progress=False).problems
+
+
+def test_bench_compare_formats_follows_the_disk(lmdb_dir, capsys):
+    from seqloader.cli import main
+    from seqloader.tools.bench_formats import compare_formats
+
+    slow = compare_formats(lmdb_dir, "train", n=8, short_side=None, disk_mbps=0.01)
+    fast = compare_formats(lmdb_dir, "train", n=8, short_side=None, disk_mbps=1e6)
+    f = slow["formats"]
+    assert f["pixels"]["record_kb"] > f["jpeg"]["record_kb"] and slow["faster"] == "jpeg"
+    assert fast["faster"] == "pixels"  # (no disk limit: nothing left to decode wins)
+    assert main(["bench", str(lmdb_dir), "--split", "train", "--compare-formats",
+                 "--disk-mbps", "100"]) == 0
+    assert "faster here:" in capsys.readouterr().out
