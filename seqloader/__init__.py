@@ -15,6 +15,7 @@ from .format.records import Record
 from .errors import FormatError, IncompleteError, WorkerDiedError, WorkerError
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK
 from .write.preprocess import preprocess
+from .write.dataset import write_dataset
 from .write.scan import Scan, scan_class_tree, scan_labelled_folder
 from .errors import BadImageError
 from .write.writer import NoRecordsError, WriteOptions, WriteReport, write_split
@@ -35,4 +36,5 @@ __all__ = [
     "Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK", "WorkerError",
     "WorkerDiedError", "DataFlow", "LMDBData", "LocallyShuffleData", "MapData",
     "MapDataComponent", "BatchData", "MultiProcessMapData", "EmptyDatabaseError", "NoRecordsError",
+    "write_dataset",
 ]

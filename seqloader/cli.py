@@ -41,6 +41,13 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                    help="losslessly add JPEG restart markers every few MCUs (jpegtran), so "
                         "a random crop decodes only the segments around it: faster "
                         "CPU-bound training on large photos")
+    p.add_argument("--format", choices=("jpeg", "pixels"), default="jpeg", dest="image_format",
+                   help="store JPEG bytes (%(default)s) or decoded uint8 pixels, which the "
+                        "Loader reads without decoding: for hosts where decoding, not the "
+                        "disk, limits training (3 bytes a pixel: pair it with --short-side; "
+                        "`seqloader bench --compare-formats` tells which is faster)")
+    p.add_argument("--short-side", type=int, metavar="PX",
+                   help="with --format pixels: shrink images whose shorter side exceeds PX to PX")
     p.add_argument("--shards", type=int, default=1, help="files per split (%(default)s)")
     p.add_argument("--shard-ids", type=int, nargs="+", metavar="K",
                    help="write only these shards (0-based), e.g. one per machine")
@@ -61,7 +68,8 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        restart_markers=args.restart_markers,
                        store_paths=not args.no_paths, shards=args.shards,
                        shard_ids=args.shard_ids, workers=args.workers,
-                       overwrite=args.overwrite, progress=not args.no_progress)
+                       overwrite=args.overwrite, progress=not args.no_progress,
+                       image_format=args.image_format, short_side=args.short_side)
     for r in preprocess(args.imagenet_dir, args.lmdb_dir, splits=args.splits,
                         val_labels=args.val_labels, options=opt):
         skipped = sum(s.skipped for s in r.shards)
@@ -248,12 +256,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure loading speed, memory and CPU (seqloader vs files)")
     add_bench_arguments(p)
-    p.set_defaults(fn=run_bench)
+    p.add_argument("--compare-formats", action="store_true",
+                   help="instead: time the training transform from JPEG records and from stored "
+                        "pixels (--format pixels) on this host and say which loads faster")
+    p.add_argument("--short-side", type=int, default=256, metavar="PX",
+                   help="with --compare-formats: the pixels' short side (%(default)s)")
+    p.add_argument("--disk-mbps", type=float, metavar="MB/S",
+                   help="with --compare-formats: the disk's bandwidth (default: measured)")
+    p.set_defaults(fn=_run_bench_or_compare)
     p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
     p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_demo)
     return ap
+
+
+def _run_bench_or_compare(args: argparse.Namespace) -> int:
+    if not args.compare_formats:
+        from .tools.bench import run_bench
+        return run_bench(args)
+    from .tools.bench_formats import compare_formats, format_comparison
+
+    workers = [int(w) for a in (args.workers or []) for w in str(a).split(",") if w]
+    doc = compare_formats(args.path, args.split, short_side=args.short_side, seed=args.seed,
+                          workers=workers[-1] if workers else None, disk_mbps=args.disk_mbps)
+    print(json.dumps(doc, indent=2) if args.json else format_comparison(doc))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

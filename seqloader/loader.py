@@ -27,6 +27,7 @@ from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 from .dataflow.passes import Pass
+from .dataflow import targets as _targets  # HOOK [ any targets ]
 from .dataflow.shuffle import default_warmup
 from .trainers import TrainerFacing
 
@@ -67,6 +68,11 @@ class Loader(TrainerFacing):
     also get a seeded ``rng``; torchvision transforms get a PIL image) and returns a
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
+    A database of any targets (``seqloader.write_dataset``) yields ``(images,
+    default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
+    ``[(image, target), ...]`` instead, each image one sample of the batch
+    (NOTE [ target region ] in :mod:`seqloader.dataflow.stages.targets`).  Stored pixels are
+    not decoded: the transform gets them as stored (NOTE [ stored pixels ]).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training
     (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it; an iterator
@@ -106,7 +112,7 @@ class Loader(TrainerFacing):
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
-                 remote: "RemoteOptions | None" = None):
+                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None):
         for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
                                    ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
                                    ("prefetch_bytes", prefetch_bytes, 1)):
@@ -136,6 +142,7 @@ class Loader(TrainerFacing):
                                   seed, self.rank, self.world_size, max(1, num_workers),
                                   shuffle if even is None else even)
         self.transform, self.target_transform = transform, target_transform
+        self.collate_fn = collate_fn  # HOOK [ any targets ] (NOTE [ target region ])
         self.output, self.device = output, (torch.device(device) if device is not None else None)
         self.pin_memory = pin_memory and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
@@ -177,7 +184,9 @@ class Loader(TrainerFacing):
         common = dict(db=self.db, seed=self.seed, rank=self.rank, shuffle=self.shuffle,
                       cache=self.cache, warmup=self._warmup, batch_size=self.batch_size,
                       target_transform=self.target_transform, prefetch_bytes=self.prefetch_bytes,
-                      io=self.io)
+                      io=self.io,
+                      # HOOK [ any targets ]: target kind and region (NOTE [ target region ])
+                      **_targets.spec_fields(self.db, self.batch_size, self.target_transform))
         if self.transform is None:
             self._spec = ProducerSpec(mode="raw", sample_shape=(0,), sample_dtype="uint8", **common)
             return self._spec
@@ -198,7 +207,9 @@ class Loader(TrainerFacing):
         rec = self.db.first_record()  # infer the sample shape from record 0
         try:
             with callers_rngs_kept():
-                sample = np.asarray(fn(decode_rgb(rec.image), batch_rng(self.seed, 0, self.rank, 0)))
+                img = (decode_rgb(rec.image) if rec.shape is None  # HOOK [ stored pixels ]
+                       else np.frombuffer(rec.image, np.uint8).reshape(rec.shape).copy())
+                sample = np.asarray(fn(img, batch_rng(self.seed, 0, self.rank, 0)))
         except Exception as e:  # named like every other record's failure
             raise record_error(e, 0, rec.path) from e
         self._spec = ProducerSpec(mode="decode", transform=fn, sample_shape=sample.shape,
@@ -278,7 +289,12 @@ class Loader(TrainerFacing):
                                   fault_in=spec.mode == "raw" or self.num_workers == 0)
         try:
             for j, n, (labels, samples), raw, slot in self._batches(spec, plan, first):
-                batch = self._materialize(spec, labels, samples, raw, slot)
+                # HOOK [ any targets ]: unpacked from the buffer, collated after the images
+                targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
+                batch = self._materialize(spec, labels if targets is None else labels[:0].view(
+                    np.int64), samples, raw, slot)
+                batch = _targets.collate_batch(batch, targets, self.collate_fn, self.device,
+                                               self.pin_memory)
                 del labels, samples
                 if not started:
                     self._start(epoch, first, started)
@@ -308,14 +324,15 @@ class Loader(TrainerFacing):
     def _in_process(self, spec: ProducerSpec, plan: EpochPlan, first: int):
         """Raw mode (nothing to decode: no workers) and ``num_workers=0``."""
         B = spec.batch_size
-        labels = np.empty(B, np.int64)
+        labels = _targets.target_region(spec.target_kind, spec.labels_nbytes)  # HOOK [ any targets ]
         samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
         for j, recs in self._feeder.batches(plan, first):
             n = len(recs)
             with callers_rngs_kept() if spec.transform is not None else contextlib.nullcontext():
-                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], labels[:n],
+                region = _targets.region_view(spec.target_kind, labels, n)  # HOOK [ any targets ]
+                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], region,
                                    samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
-            yield j, n, (labels[:n], samples[:n]), raw, None
+            yield j, n, (region, samples[:n]), raw, None
 
     def _materialize(self, spec: ProducerSpec, labels_v: np.ndarray, images_v: np.ndarray,
                      raw: list[bytes] | None, slot: int | None):

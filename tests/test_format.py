@@ -5,7 +5,7 @@ import msgpack
 import pytest
 
 from seqloader.read.database import open_database
-from seqloader.format.meta import FORMAT_VERSION, pack_meta, unpack_meta
+from seqloader.format.meta import FORMAT_VERSION, PLAIN_VERSION, pack_meta, unpack_meta
 from seqloader.format.keys import META_KEY, decode_key, encode_key, is_record_key
 from seqloader.format.records import Record, pack_record, unpack_record
 from seqloader.format.files import find_database, shard_path
@@ -135,7 +135,7 @@ def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
         return c.hex()
 
     sha = open_database(src).metas[0]
-    assert sha.version == FORMAT_VERSION == 2 and sha.checksum_algorithm == "sha256"
+    assert sha.version == PLAIN_VERSION == 2 and sha.checksum_algorithm == "sha256"
     assert sha.checksum == chain(hashlib.sha256)
 
     old = tmp_path / "v1.lmdb"

@@ -17,7 +17,7 @@ from conftest import (assert_extents_match, raw_items, read_records, resident_fr
 from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
                        scan_class_tree, write_split)
 from seqloader.cli import main as cli
-from seqloader.format.meta import FORMAT_VERSION
+from seqloader.format.meta import PLAIN_VERSION
 from seqloader.format.keys import META_KEY, encode_key
 from seqloader.format.files import shard_path
 from seqloader.errors import IncompleteError
@@ -463,7 +463,7 @@ def test_interrupt_hint_does_not_say_resume_with_overwrite(synth_tree, tmp_path,
 def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
     assert cli(["info", str(lmdb_dir), "--split", "train", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["complete"] and info["num_records"] > 0 and info["format_version"] == FORMAT_VERSION
+    assert info["complete"] and info["num_records"] > 0 and info["format_version"] == PLAIN_VERSION
     assert info["checksum_algorithm"] == "sha256"
     assert {"classes", "image_bytes", "checksums", "split"} <= set(info)
     assert info["record_extents"] is True

@@ -19,6 +19,8 @@ import numpy as np
 
 from ..read.database import Database
 from ..errors import RecordError
+from ..format.pixels import fused_prepare, image_source
+from . import targets as _targets
 
 __all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
            "callers_rngs_kept", "record_error", "seed_global_rngs"]
@@ -55,14 +57,23 @@ class ProducerSpec:
     sample_dtype: str = "float32"
     prefetch_bytes: int = 128 << 20
     io: str = "auto"
+    #: "class" (int64 labels) or "any" (packed targets: NOTE [ target region ] in targets.py)
+    target_kind: str = "class"
+    #: the labels region's size for "any" targets (``targets.labels_nbytes``)
+    target_nbytes: int = 0
 
     @property
     def sample_nbytes(self) -> int:
         return int(np.prod(self.sample_shape)) * np.dtype(self.sample_dtype).itemsize
 
     @property
+    def labels_nbytes(self) -> int:
+        """The labels region at the front of a buffer: int64 x B, or the target region."""
+        return 8 * self.batch_size if self.target_kind == "class" else self.target_nbytes
+
+    @property
     def output_nbytes(self) -> int:
-        return self.batch_size * (self.sample_nbytes + 8)
+        return self.batch_size * self.sample_nbytes + self.labels_nbytes
 
     @property
     def _mean_record(self) -> float:
@@ -85,19 +96,20 @@ class ProducerSpec:
         where the buffer ends, or None when they do not fit (NOTE [ batch buffer layout ])."""
         total = int(sum(sizes))
         start = self.slot_nbytes - total
-        B, S = self.batch_size, self.sample_nbytes
-        if start < 8 * B:
+        L, S = self.labels_nbytes, self.sample_nbytes
+        if start < L:
             return None
         if S and len(sizes) > 1:
             # record i+1 must begin at or after the end of sample i, for every i
             ends = start + np.cumsum(np.asarray(sizes[:-1], np.int64))
-            if np.any(ends < 8 * B + S * np.arange(1, len(sizes))):
+            if np.any(ends < L + S * np.arange(1, len(sizes))):
                 return None
         return start
 
 
 # NOTE [ batch buffer layout ]
-# A buffer is [labels: int64 x B][samples: B x sample_shape][tail].  The reader packs a
+# A buffer is [labels: int64 x B][samples: B x sample_shape][tail] (the labels region
+# holds packed targets instead for "any" targets: NOTE [ target region ] in targets.py).  The reader packs a
 # batch's encoded records so that they *end* where the buffer ends: they overlap the
 # last samples.  The decoder handles record i before it writes sample i, and records
 # i+1.. lie beyond the end of sample i (checked per batch by `input_start`; a batch
@@ -115,12 +127,12 @@ def slot_views(buf: Any, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.nda
     under them -- ``SharedMemory.close()`` raises BufferError instead (NOTE [ zero-copy
     batches ] in ``seqloader/loader.py``).  ``np.ndarray(buffer=...)`` does not hold one:
     closing the pool unmapped batches the caller still held, and reading them crashed."""
-    B = spec.batch_size
+    B, L = spec.batch_size, spec.labels_nbytes
     whole = np.frombuffer(buf, np.uint8, count=spec.slot_nbytes)
-    labels = whole[:8 * B].view(np.int64)
-    samples = whole[8 * B:8 * B + B * spec.sample_nbytes].view(spec.sample_dtype).reshape(
+    region = whole[:L].view(np.int64) if spec.target_kind == "class" else whole[:L]
+    samples = whole[L:L + B * spec.sample_nbytes].view(spec.sample_dtype).reshape(
         B, *spec.sample_shape)
-    return labels[:n], samples[:n], whole
+    return _targets.region_view(spec.target_kind, region, n), samples[:n], whole
 
 
 def _seed_global_rngs(rng: np.random.Generator) -> None:
@@ -186,8 +198,10 @@ _RUN = 16
 def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[int],
                  labels: np.ndarray, samples: np.ndarray, rng: np.random.Generator
                  ) -> list[bytes] | None:
-    """Parse each record value; write labels (after ``target_transform``) and, in decode
-    mode, each transformed image into ``samples``.  Raw mode returns the image bytes.
+    """Parse each record value; write labels (after ``target_transform``; for "any"
+    targets, the packed targets into the region ``labels``: NOTE [ target region ] in
+    ``targets.py``) and, in decode mode, each transformed image into ``samples``
+    (stored pixels are not decoded: NOTE [ stored pixels ]).  Raw mode returns the image bytes.
     Raises :class:`RecordError` naming the record (index and source path).  Every record
     is unpacked (copied) before its sample is written: the records may lie in the
     samples region of the same buffer (NOTE [ batch buffer layout ]); fused samples are
@@ -197,16 +211,21 @@ def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[in
         _seed_global_rngs(rng)
     fused = spec.fused if spec.mode != "raw" else None
     run: list[tuple[int, Any, Any]] = []  # (record, where, prepared) drawn, not decoded
+    targets: list[Any] = []  # of "any" targets (NOTE [ target region ])
     for i, (value, idx) in enumerate(zip(values, indices)):
         rec: Any = {}
         try:
             rec = msgpack.unpackb(value, raw=False)
-            data, label = rec["image"], rec["label"]
-            labels[i] = _label(spec.target_transform(label)) if spec.target_transform else label
+            data = image_source(rec)  # (stored pixels: an array, NOTE [ stored pixels ])
+            if spec.target_kind == "any":
+                targets.append(_targets.transformed(rec, spec.target_transform, f"record {idx}"))
+            else:
+                label = rec["label"]
+                labels[i] = _label(spec.target_transform(label)) if spec.target_transform else label
             if spec.mode == "raw":
                 raw.append(data)
             elif fused is not None:
-                run.append((i, (idx, rec.get("path")), fused.prepare(data, rng)))
+                run.append((i, (idx, rec.get("path")), fused_prepare(fused, data, rng)))
             else:
                 _generic(spec, data, samples[i], rng)
         except Exception as e:
@@ -215,6 +234,11 @@ def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[in
             _finish(fused, run, samples)
     if run:
         _finish(fused, run, samples)
+    if spec.target_kind == "any":  # every record is read: the region may overlap them
+        try:
+            _targets.store_targets(labels, targets)
+        except Exception as e:
+            raise record_error(e, indices[0] if len(indices) else -1, None) from e
     return raw if spec.mode == "raw" else None
 
 
@@ -237,7 +261,9 @@ def record_error(e: Exception, idx: int, path: Any) -> RecordError:
 def _generic(spec: ProducerSpec, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
     from ..transforms import decode_rgb
 
-    result = np.asarray(spec.transform(decode_rgb(data), rng))
+    # stored pixels: a writable copy, as a decoded image would be (a transform may write it)
+    img = np.array(data) if isinstance(data, np.ndarray) else decode_rgb(data)
+    result = np.asarray(spec.transform(img, rng))
     if result.shape != out.shape:
         raise ValueError(f"the transform returned shape {result.shape}, but the first record "
                          f"gave {out.shape}; batches need equal shapes (end the transform "

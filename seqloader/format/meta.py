@@ -12,15 +12,23 @@ import numpy as np
 from ..errors import FormatError, IncompleteError
 from .checksum import CHECKSUM_ALGORITHM, HASHES
 from .keys import META_KEY
+from .targets import TARGET_KINDS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Meta", "EmptyDatabaseError", "EXTENT_DTYPE",
-           "meta_extents", "pack_meta", "unpack_meta"]
+           "meta_extents", "pack_meta", "unpack_meta", "PLAIN_VERSION", "IMAGE_FORMATS",
+           "file_version"]
 
 FORMAT_NAME = "seqloader"
 #: Bumped whenever a reader of the previous version could misread a new file.
 #: Version 2 (seqloader 0.2): the checksum is SHA-256 (``Meta.checksum_algorithm``);
 #: version 1 files (BLAKE2b) are still read and verified.
-FORMAT_VERSION = 2
+#: Version 3: records with any target or stored pixels (``seqloader/format/records.py``);
+#: a file using neither is written as :data:`PLAIN_VERSION`, which older seqloaders read.
+FORMAT_VERSION = 3
+#: The version of files with class labels and JPEG images (readable by seqloader 0.2).
+PLAIN_VERSION = 2
+#: Values of ``Meta.image_format``: encoded images (JPEG), or decoded pixels.
+IMAGE_FORMATS = ("jpeg", "pixels")
 
 
 class EmptyDatabaseError(FormatError):
@@ -68,8 +76,13 @@ class Meta:
     #: ``[path, warning]`` of sources stored although a decoder warned (NOTE [ damaged
     #: JPEGs ] in ``seqloader/write/prepare.py``); absent in files of older writers
     warned_files: list[list[str]] = field(default_factory=list)
+    #: what records hold as targets: "class" (``label``) or "any" (``target``; NOTE [ targets ])
+    target_kind: str = "class"
+    #: what records hold as images: "jpeg" (encoded bytes) or "pixels" (NOTE [ stored pixels ])
+    image_format: str = "jpeg"
     format: str = FORMAT_NAME
-    version: int = FORMAT_VERSION
+    #: :func:`file_version` of the two fields above (set by the writer)
+    version: int = PLAIN_VERSION
 
     @property
     def num_classes(self) -> int:
@@ -94,6 +107,17 @@ def meta_extents(meta: Meta, size: int, *, where: str) -> np.ndarray | None:
                           f"({size} bytes, {meta.num_records} records); it is truncated or "
                           "damaged: re-copy it, or check it with `seqloader verify`")
     return ext
+
+
+def file_version(target_kind: str = "class", image_format: str = "jpeg") -> int:
+    """The format version a file with these features is written as: :data:`PLAIN_VERSION`
+    unless it uses version 3's (any targets, stored pixels), so that older seqloaders
+    read every file they can read correctly and refuse the others."""
+    if target_kind not in TARGET_KINDS:
+        raise ValueError(f"target_kind={target_kind!r}: use one of {', '.join(TARGET_KINDS)}")
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image_format={image_format!r}: use one of {', '.join(IMAGE_FORMATS)}")
+    return PLAIN_VERSION if (target_kind, image_format) == ("class", "jpeg") else FORMAT_VERSION
 
 
 def pack_meta(meta: Meta) -> bytes:
@@ -129,6 +153,10 @@ def unpack_meta(value: bytes | memoryview | None, *, where: str, require_complet
                           f"one this seqloader knows ({', '.join(sorted(HASHES))}); the file "
                           "is damaged or from a newer seqloader: upgrade, or re-create it")
     meta = Meta(**{k: v for k, v in d.items() if k in _META_FIELDS})
+    if meta.target_kind not in TARGET_KINDS or meta.image_format not in IMAGE_FORMATS:
+        raise FormatError(f"{where}: records with target kind {meta.target_kind!r} and image "
+                          f"format {meta.image_format!r}, which this seqloader does not know; "
+                          "the file is from a newer seqloader: upgrade (`pip install -U seqloader`)")
     if require_complete and not meta.complete:
         raise IncompleteError(
             f"{where}: the database is incomplete ({meta.num_records} records written, writer "

@@ -67,9 +67,10 @@ def _check(item: tuple[int, str, bytes, Any, int, str]) -> tuple[bytes, bytes, s
         rec = unpack_record(value, where=f"record {index}")
     except FormatError as e:
         return key, digest, str(e), -1
-    if not 0 <= rec.label < num_classes:
+    if rec.target is None and not 0 <= rec.label < num_classes:  # (targets: label -1)
         return key, digest, f"label {rec.label} outside [0, {num_classes})", rec.label
-    why = check_stored(rec.image)
+    # stored pixels: their size was checked by unpack_record (NOTE [ stored pixels ])
+    why = check_stored(rec.image) if rec.shape is None else None
     if why is not None:
         return key, digest, f"image ({rec.path or 'no path'}): {why}", rec.label
     return key, digest, None, rec.label

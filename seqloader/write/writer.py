@@ -59,7 +59,7 @@ from tqdm import tqdm
 from .. import __version__
 from ..read.database import Database, close_env, open_env, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
-from ..format.meta import EXTENT_DTYPE, FORMAT_VERSION, Meta, pack_meta
+from ..format.meta import EXTENT_DTYPE, IMAGE_FORMATS, PLAIN_VERSION, Meta, file_version, pack_meta
 from ..format.keys import META_KEY, encode_key
 from ..format.records import Record, pack_record
 from ..format.files import bad_files_path, is_shard_name, shard_files, shard_path
@@ -100,6 +100,9 @@ class WriteOptions:
     commit_bytes: int = 64 << 20
     initial_map_size: int = 1 << 30
     progress: bool = True
+    #: "jpeg", or "pixels": decoded uint8 RGB, shrunk to ``short_side`` (NOTE [ stored pixels ])
+    image_format: str = "jpeg"
+    short_side: int | None = None
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -118,6 +121,12 @@ class WriteOptions:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.image_format not in IMAGE_FORMATS:
+            raise ValueError(f"image format {self.image_format!r}: use one of "
+                             f"{', '.join(IMAGE_FORMATS)}")
+        if self.short_side is not None and (self.image_format != "pixels" or self.short_side < 1):
+            raise ValueError(f"short side {self.short_side}: it sizes stored pixels, so it needs "
+                             "the 'pixels' image format (--format pixels) and must be >= 1")
         if self.restart_markers and shutil.which("jpegtran") is None:
             raise ValueError(JPEGTRAN_HELP)
 
@@ -156,6 +165,17 @@ class WriteReport:
         return sum(s.image_bytes for s in self.shards)
 
 
+def stored_pixels(data: bytes, short_side: int | None) -> tuple[bytes, tuple[int, int, int]]:
+    """The record image of a stored-pixels database for the encoded image ``data`` (as
+    it would be stored as a JPEG): its RGB pixels as the Loader decodes them, shrunk to
+    ``short_side`` (NOTE [ stored pixels ]), and their shape."""
+    from ..format.pixels import shrink_to
+    from ..transforms import decode_rgb
+
+    rgb = shrink_to(decode_rgb(data), short_side)
+    return np.ascontiguousarray(rgb).tobytes(), rgb.shape
+
+
 def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
     """The order in which sources are written: a permutation drawn from ``seed``
     (so every run and every resume agrees), or ``arange(n)``."""
@@ -177,9 +197,10 @@ def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -
     # max_size); outside max_size it is added only where it is not the default, so the
     # fingerprints of earlier databases written with the default still match
     reencode_quality = opt.quality if opt.max_size or opt.quality != WriteOptions.quality else None
-    h.update(repr((FORMAT_VERSION, split, scan.classes, opt.verify, opt.max_size,
+    h.update(repr((PLAIN_VERSION, split, scan.classes, opt.verify, opt.max_size,
                    reencode_quality, opt.store_paths, opt.shards)
-                  + ((True,) if opt.restart_markers else ())).encode())
+                  + ((True,) if opt.restart_markers else ())
+                  + (("pixels", opt.short_side) if opt.image_format == "pixels" else ())).encode())
     for i in order.tolist():  # (names that are not UTF-8 come back as their own bytes)
         h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
@@ -198,7 +219,9 @@ def _what_differs(meta: Meta, scan: Scan, opt: WriteOptions) -> str:
                 ("--no-verify", w.get("verify") is False, not opt.verify),
                 ("--max-size", w.get("max_size"), opt.max_size),
                 ("--restart-markers", bool(w.get("restart_markers")), opt.restart_markers),
-                ("--shards", meta.num_shards, opt.shards)]
+                ("--shards", meta.num_shards, opt.shards),
+                ("--format", meta.image_format, opt.image_format),
+                ("--short-side", w.get("short_side"), opt.short_side)]
     if opt.max_size or w.get("max_size") or w.get("quality", opt.quality) != opt.quality:
         then_now.append(("--quality", w.get("quality"), opt.quality))
     diffs = [f"{flag} {say(a)} then, {say(b)} now" for flag, a, b in then_now if a != b]
@@ -348,14 +371,16 @@ class _ShardWriter:
                         num_records=0,
                         complete=False, checksum=EMPTY_CHECKSUM, fingerprint=self.fingerprint,
                         shard=self.shard, num_shards=o.shards, shuffled=o.shuffle,
-                        seed=o.seed if o.shuffle else None,
+                        seed=o.seed if o.shuffle else None, image_format=o.image_format,
+                        version=file_version("class", o.image_format),
                         created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                         writer={"seqloader": __version__, "verify": o.verify,
                                 "max_size": o.max_size, "quality": o.quality,
                                 "restart_markers": o.restart_markers,
+                                "short_side": o.short_side,
                                 # NOTE [ restart index ] in format/jpeg.py (absent: an older writer)
                                 "restart_index": o.restart_markers})
-        # the fingerprint includes FORMAT_VERSION, which fixes the algorithm
+        # the fingerprint includes the format version, which fixes the algorithm
         assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm
         return meta
 
@@ -372,8 +397,12 @@ class _ShardWriter:
                           quality=self.opt.quality, restart=self.opt.restart_markers)
         if p.data is None:
             return pos, None, p.error or "unknown error", None
-        value = pack_record(Record(p.data, int(self.scan.labels[i]),
-                                   stored_name(rel) if self.opt.store_paths else None, p.reencoded))
+        image, shape = p.data, None
+        if self.opt.image_format == "pixels":  # NOTE [ stored pixels ]
+            image, shape = stored_pixels(p.data, self.opt.short_side)
+        value = pack_record(Record(image, int(self.scan.labels[i]),
+                                   stored_name(rel) if self.opt.store_paths else None, p.reencoded,
+                                   shape=shape))
         return pos, value, record_digest(value), p.warning  # CHECKSUM_ALGORITHM: _load_or_start
 
     def _labels(self, start: int, stop: int, meta: Meta) -> bytes:
@@ -393,7 +422,7 @@ class _ShardWriter:
         per core)."""
         global _ACTIVE
         opt = self.opt
-        if not (opt.verify or opt.max_size) or os.cpu_count() == 1 or not hasattr(os, "fork"):
+        if not (opt.verify or opt.max_size or opt.image_format == "pixels") or os.cpu_count() == 1 or not hasattr(os, "fork"):
             return ordered_map(self._prepare, positions, workers=opt.workers)
         _ACTIVE = self
         return ordered_process_map(_prepare_active, positions,
