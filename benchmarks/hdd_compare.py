@@ -118,7 +118,7 @@ class CpuAccount:
 
     @staticmethod
     def _live() -> dict:
-        from seqloader.tools.bench import _cpu_seconds, process_tree
+        from seqloader.tools.bench.procs import _cpu_seconds, process_tree
         out = {}
         for pid in process_tree(os.getpid())[1:]:
             cpu = _cpu_seconds(pid)
@@ -195,7 +195,7 @@ def machine(data_dir: str | Path = "/work/bench-data") -> dict:
     import torch
 
     from seqloader import __version__
-    from seqloader.tools.bench import _cpu_model, _meminfo, _storage
+    from seqloader.tools.bench.host import _cpu_model, _meminfo, _storage
 
     st = _storage(str(data_dir))
     dev = os.path.basename(os.path.realpath(st["device"] or "")) or "vda"
@@ -664,7 +664,8 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
         import msgpack
         import numpy as np
 
-        from seqloader.tools.bench import _db_records, _spread, imagenet_train_transform
+        from seqloader.tools.bench import imagenet_train_transform
+        from seqloader.tools.bench.data import _db_records, _spread
         from seqloader.read.database import open_database
         from seqloader.dataflow.batch import batch_rng
         from seqloader.transforms import compile_fused

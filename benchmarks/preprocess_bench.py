@@ -56,7 +56,7 @@ def child(out: str, argv: list[str]) -> int:
     """Run ``seqloader preprocess argv`` in this process; write timings and memory."""
     t_import = time.time()
     from seqloader.cli import main
-    from seqloader.tools.bench import _smaps
+    from seqloader.tools.bench.procs import _smaps
 
     base = _smaps(os.getpid()) or {}
     t_run = time.time()

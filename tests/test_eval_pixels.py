@@ -18,7 +18,7 @@ from seqloader.transforms import (fused as _fused, CenterCrop, Compose, RandomRe
 def detailed_jpeg(h: int, w: int, seed: int, quality: int = 90) -> bytes:
     """A detailed photo-like JPEG: synth's textured image (stripes, shapes, grain) plus
     fine noise, so that sub-pixel shifts show as they do on real photos."""
-    from seqloader.tools.synth import make_image
+    from seqloader.tools.synth_draw import make_image
     rng = np.random.default_rng([seed, h, w])
     img = make_image(rng, seed % 10, 10, h, w).astype(np.float32)
     img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
