@@ -13,12 +13,14 @@ the effect being measured.  This script alternates, for ``--rounds`` rounds:
 
 and reports each round's ratios, so every ratio compares figures taken a minute apart.
 
-    python benchmarks/cpu_ratio.py [--data /work/bench-data] [--db lmdb-hdd] [--rounds 3]
-        [--seconds 30]
+    python benchmarks/cpu_ratio.py --data DIR [--db lmdb-hdd] [--rounds 3] [--seconds 30]
+        [--out DIR] [--tag TAG]
 
-Writes ``benchmarks/results/cpu_ratio.md`` and ``.json`` (``cpu_ratio-<db>-<db>.*`` for
-other ``--db`` lists, e.g. ``--db lmdb-hdd,lmdb-rst``: the same images also written with
-``--restart-markers``, measured in turn in every round).
+``--data`` is the folder ``hdd_compare.py --phase build`` filled (``--db`` names database
+folders in it).  Writes ``cpu_ratio.md`` and ``.json`` into ``--out`` (default: the
+current directory; ``--out benchmarks/results`` to update the committed ones);
+``cpu_ratio-<db>-<db>.*`` for other ``--db`` lists, e.g. ``--db lmdb-hdd,lmdb-rst``: the
+same images also written with ``--restart-markers``, measured in turn in every round.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from benchpaths import REPO, add_data_argument, add_out_argument, out_dir  # noqa: E402
 
 
 def _json_out(cmd: list[str]) -> dict:
@@ -56,7 +59,7 @@ def cpu_limit(bench: list[str]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="/work/bench-data")
+    add_data_argument(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--db", default="lmdb-hdd",
@@ -64,6 +67,7 @@ def main() -> int:
                          "measures each in turn (%(default)s)")
     ap.add_argument("--tag", default="",
                     help="suffix of the results' file names (keeps earlier runs' files)")
+    add_out_argument(ap)
     args = ap.parse_args()
     dbs = [d for d in args.db.split(",") if d]
     for d in dbs:  # warm
@@ -98,7 +102,7 @@ def main() -> int:
              "at once), then the warm 2-worker full pipeline (`seqloader bench --mode full`, "
              "batch 256).  The limits run over records held in memory; the sample's mean size "
              "should match the data's (NOTE [ a representative sample ] in "
-             "`seqloader/tools/bench.py`).")
+             "`seqloader/tools/bench/cpulimit.py`).")
     lines = ["| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
              "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB "
              "| limit sample: records, mean KB (data's mean KB) |",
@@ -115,14 +119,14 @@ def main() -> int:
                      f"{m['pct_of_single_x2']} % of one process x 2 cores "
                      f"({m['limit_single_x2']:.0f}/s), {m['pct_of_concurrent']} % of 2 processes "
                      "at once.")
-    save(name, doc, "Full pipeline vs the CPU limit, measured in alternation", intro, lines)
+    save(out_dir(args), name, doc, "Full pipeline vs the CPU limit, measured in alternation",
+         intro, lines)
     return 0
 
 
-def save(name: str, doc: dict, title: str, intro: str, lines: list[str]) -> None:
-    """Write ``results/<name>.json`` (``doc``) and ``results/<name>.md``: ``title``, the
-    command that ran, ``intro``, then ``lines``."""
-    out = HERE / "results"
+def save(out: Path, name: str, doc: dict, title: str, intro: str, lines: list[str]) -> None:
+    """Write ``out/<name>.json`` (``doc``) and ``out/<name>.md``: ``title``, the command
+    that ran, ``intro``, then ``lines``."""
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     script = Path(sys.argv[0]).name
     head = [f"# {title}", "", "`" + " ".join(["python", f"benchmarks/{script}", *sys.argv[1:]])

@@ -8,7 +8,7 @@ the median time between batches inside an epoch, and images/s over the measured 
 ``git worktree add /tmp/old 15c606e`` then ``--code /tmp/old``), for A/B runs that
 alternate two versions on the same data:
 
-    python benchmarks/epoch_gaps.py [--db /work/bench-data/lmdb-hdd] [--epochs 3]
+    python benchmarks/epoch_gaps.py --db DIR [--epochs 3]
         [--code DIR] [--repeat 2]
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def child(db: str, epochs: int, code: str | None) -> dict:
@@ -49,7 +50,8 @@ def child(db: str, epochs: int, code: str | None) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", default="/work/bench-data/lmdb-hdd")
+    ap.add_argument("--db", required=True, type=lambda s: str(Path(s).resolve()),
+                    help="the database folder (e.g. hdd_compare.py's DATA/lmdb-hdd)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--code", action="append", default=[],
                     help="a checkout whose seqloader to import; repeat to alternate several")

@@ -22,7 +22,7 @@ import time
 import cv2
 import numpy as np
 
-from seqloader.tools.synth import make_image
+from seqloader.tools.synth_draw import make_image
 from seqloader.transforms import (CenterCrop, Compose, Normalize, Resize, ToTensor,
                                   compile_fused, decode_rgb)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Files DataLoader vs seqloader, warm page cache and on a simulated hard disk.
 
-    python benchmarks/hdd_compare.py [--data /work/bench-data] [--phase all]
-                                     [--seconds 60] [--wait] [--only RUN_ID,...]
+    python benchmarks/hdd_compare.py --data DIR [--phase all] [--seconds 60] [--wait]
+                                     [--only RUN_ID,...] [--hddsim PATH] [--out DIR]
 
 Phases (``--phase``, repeatable or comma-separated; default ``all`` = all four):
 
@@ -13,21 +13,23 @@ Phases (``--phase``, repeatable or comma-separated; default ``all`` = all four):
 ``warm``    ``python -m seqloader.tools.bench`` with the data read into the page cache first:
             files and seqloader, raw with 1/2/4 workers, full with 2 workers, and the
             cpu-limit rows (decode+transform in one process x 2 cores).
-``hdd``     the same loader runs under ``/work/shared/tools/hddsim`` (page cache dropped,
+``hdd``     the same loader runs under ``hddsim`` (``--hddsim``; page cache dropped,
             reads throttled to 100 IO/s and 150 MiB/s, like a 7200 rpm disk).
-``report``  ``benchmarks/results/hdd_compare.md`` and ``.json`` from the runs' results.
+``report``  ``OUT/hdd_compare.md`` and ``.json`` from the runs' results.
 
-Every run is one process (``seqloader.tools.bench --json``) and its JSON document is kept in
-``benchmarks/results/raw/hdd_compare/<run id>.json`` with the exact command, the load
-average before/after and the other processes that were busy; ``report`` reads those,
-so phases can run at different times.  Runs on the simulated disk are bounded to one
+``OUT`` is ``--out`` (default: the current directory; ``--out benchmarks/results`` to
+update the committed results).  Every run is one process (``seqloader.tools.bench
+--json``) and its JSON document is kept in ``OUT/raw/hdd_compare/<run id>.json`` with
+the exact command, the load average before/after and the other processes that were
+busy; ``report`` reads those, so phases can run at different times (a run whose file
+exists is kept; ``--force`` redoes it).  Runs on the simulated disk are bounded to one
 epoch (``--batches``): after that the data would be in the page cache.
 
 ``--wait``: before each run, wait until no ``shuffle_accuracy``/``pytest`` process runs
 and the 1-minute load average is below ``--max-load`` (the machine is shared), and,
-before each hddsim run, until ``/work/iostudy/RESULTS.md`` exists and no other hddsim
-runs.  The helpers here (machine description, quiet-machine wait, page-cache warming)
-are imported by the other benchmark scripts.
+before each hddsim run, until no other hddsim runs.  The helpers here (machine
+description, quiet-machine wait, page-cache warming) are imported by the other
+benchmark scripts.
 """
 from __future__ import annotations
 
@@ -42,10 +44,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
-HDDSIM = "/work/shared/tools/hddsim"
-IOSTUDY_DONE = Path("/work/iostudy/RESULTS.md")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchpaths import (REPO, absolute, add_data_argument, add_hddsim_argument,  # noqa: E402
+                        add_out_argument, need_hddsim, out_dir)
+
+#: How a running simulator shows in ``pgrep -fa`` (``hddsim --dir DIR -- CMD``).
+HDDSIM_RUNNING = "hddsim --dir"
 BUSY_PATTERN = "shuffle_accuracy|pytest"
 HDD_MBPS = 150          # hddsim's default bandwidth cap, MiB/s
 HDD_IOPS = 100
@@ -80,7 +84,7 @@ def top_processes(n: int = 3) -> list[str]:
 
 
 def other_hddsim() -> list[str]:
-    r = subprocess.run(["pgrep", "-fa", HDDSIM], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-fa", HDDSIM_RUNNING], capture_output=True, text=True)
     return [ln for ln in r.stdout.splitlines() if ln.strip()]
 
 
@@ -118,7 +122,7 @@ class CpuAccount:
 
     @staticmethod
     def _live() -> dict:
-        from seqloader.tools.bench import _cpu_seconds, process_tree
+        from seqloader.tools.bench.procs import _cpu_seconds, process_tree
         out = {}
         for pid in process_tree(os.getpid())[1:]:
             cpu = _cpu_seconds(pid)
@@ -171,10 +175,10 @@ def wait_quiet(max_load: float = 1.5, poll: float = 30, enabled: bool = True,
             "drops_before": drops()}
 
 
-def wait_iostudy(poll: float = 30, enabled: bool = True) -> None:
-    while enabled and (not IOSTUDY_DONE.exists() or other_hddsim()):
-        log(f"waiting for {IOSTUDY_DONE} (exists: {IOSTUDY_DONE.exists()}) and no other "
-            f"hddsim ({other_hddsim()[:1]})")
+def wait_hddsim(poll: float = 30, enabled: bool = True) -> None:
+    """Wait until no other hddsim runs (it drops the page cache and throttles the disk)."""
+    while enabled and other_hddsim():
+        log(f"waiting for no other hddsim ({other_hddsim()[:1]})")
         time.sleep(poll)
 
 
@@ -187,7 +191,7 @@ def _read(path: str, cmd: list[str]) -> str | None:
         return None
 
 
-def machine(data_dir: str | Path = "/work/bench-data") -> dict:
+def machine(data_dir: str | Path) -> dict:
     """A description of this machine and its software, for the reports."""
     import cv2
     import lmdb
@@ -195,7 +199,7 @@ def machine(data_dir: str | Path = "/work/bench-data") -> dict:
     import torch
 
     from seqloader import __version__
-    from seqloader.tools.bench import _cpu_model, _meminfo, _storage
+    from seqloader.tools.bench.host import _cpu_model, _meminfo, _storage
 
     st = _storage(str(data_dir))
     dev = os.path.basename(os.path.realpath(st["device"] or "")) or "vda"
@@ -212,7 +216,7 @@ def machine(data_dir: str | Path = "/work/bench-data") -> dict:
         "disk_free_gb": round(du.f_bavail * du.f_frsize / 1e9, 1),
         "read_ahead_kb": _read(f"/sys/block/{dev}/queue/read_ahead_kb", []),
         "scheduler": _read(f"/sys/block/{dev}/queue/scheduler", []),
-        "hddsim": f"{HDDSIM} (cgroup-v1 blkio: {HDD_IOPS} read IO/s, {HDD_MBPS} MiB/s on "
+        "hddsim": f"hddsim (cgroup-v1 blkio: {HDD_IOPS} read IO/s, {HDD_MBPS} MiB/s on "
                   f"the device of --dir; page cache dropped with drop_caches=1 before the "
                   "command; dentries/inodes stay cached)",
         "git_head": _read("", ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
@@ -284,7 +288,7 @@ def paths(args) -> dict:
     d = Path(args.data)
     return {"tree": d / "imagenet-synth", "train": d / "imagenet-synth" / "train",
             "db_dir": d / "lmdb-hdd", "db": d / "lmdb-hdd" / "ILSVRC-train.lmdb",
-            "raw": RESULTS / "raw" / "hdd_compare"}
+            "raw": Path(args.out) / "raw" / "hdd_compare"}
 
 
 def build(args) -> None:
@@ -338,7 +342,7 @@ def bench_cmd(args, run: dict, n_images: int) -> list[str]:
     p = paths(args)
     if run["mode"] == "cpu-limit-concurrent":
         return [sys.executable, str(Path(__file__).resolve()), "--cpu-limit-child",
-                str(run["workers"]), "--data", str(args.data)]
+                str(run["workers"]), "--data", str(args.data)]  # (absolute)
     warmup = args.warmup
     if run.get("steady"):
         warmup, measured = steady_window(args, n_images)
@@ -361,7 +365,7 @@ def bench_cmd(args, run: dict, n_images: int) -> list[str]:
         # through the memory map pulls ~8 MB around it into the page cache -- 59 % of the
         # 2.1 GB database was resident before the first run.  --cold evicts the data files
         # (posix_fadvise DONTNEED) right before the run, so the run starts cold again.
-        cmd = [HDDSIM, "--dir", str(args.data), "--"] + cmd + ["--cold"]
+        cmd = [need_hddsim(args), "--dir", str(args.data), "--"] + cmd + ["--cold"]
     return cmd
 
 
@@ -415,7 +419,7 @@ def _do_run(args, run: dict, n_images: int) -> dict:
         log(f"{run['id']}: kept {out} (--force to redo)")
         return {**json.loads(out.read_text()), "_cached": True}
     if run["cache"] == "hddsim":
-        wait_iostudy(enabled=args.wait)
+        wait_hddsim(enabled=args.wait)
     warm = None
     if run["cache"] == "warm":
         warm = warm_files([str(p["db"])] if run["loader"] == "seqloader" else tree_files(p["train"]))
@@ -547,9 +551,10 @@ def report(args) -> None:
                "busy_before", "cpu_busy_before", "warmed", "git", "cpu_account", "contended",
                "attempt")} for rec in recs],
            "bayeswatch_claim": BAYESWATCH, "imagenet_train_images": IMAGENET_TRAIN}
-    (RESULTS / "hdd_compare.json").write_text(json.dumps(doc, indent=2))
+    out = out_dir(args)
+    (out / "hdd_compare.json").write_text(json.dumps(doc, indent=2))
     md = _markdown(doc, lim, flim, clim)
-    (RESULTS / "hdd_compare.md").write_text(md)
+    (out / "hdd_compare.md").write_text(md)
     print(md)
 
 
@@ -664,7 +669,8 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
         import msgpack
         import numpy as np
 
-        from seqloader.tools.bench import _db_records, _spread, imagenet_train_transform
+        from seqloader.tools.bench import imagenet_train_transform
+        from seqloader.tools.bench.data import _db_records, _spread
         from seqloader.read.database import open_database
         from seqloader.dataflow.batch import batch_rng
         from seqloader.transforms import compile_fused
@@ -700,11 +706,13 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
 
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--cpu-limit-child":
-        data = sys.argv[sys.argv.index("--data") + 1] if "--data" in sys.argv else "/work/bench-data"
+        if "--data" not in sys.argv:
+            sys.exit("--cpu-limit-child N needs --data DIR (the folder holding --db)")
+        data = absolute(sys.argv[sys.argv.index("--data") + 1])
         db_dir = sys.argv[sys.argv.index("--db") + 1] if "--db" in sys.argv else "lmdb-hdd"
         return cpu_limit_child(int(sys.argv[2]), data, db_dir=db_dir)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="/work/bench-data", help="where data is built (%(default)s)")
+    add_data_argument(ap)
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--per-class", type=int, default=210)
     ap.add_argument("--phase", action="append", help="build, warm, hdd, report or all")
@@ -712,17 +720,22 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--wait", action="store_true", help="wait for a quiet machine / iostudy")
+    ap.add_argument("--wait", action="store_true",
+                    help="wait for a quiet machine and, before hddsim runs, no other hddsim")
     ap.add_argument("--max-load", type=float, default=1.5)
     ap.add_argument("--force", action="store_true", help="redo runs whose results exist")
     ap.add_argument("--max-others", type=float, default=10.0,
                     help="redo a run if other processes used more than this %% of a core "
                          "meanwhile (%(default)s)")
     ap.add_argument("--attempts", type=int, default=3, help="at most this many tries per run")
+    add_hddsim_argument(ap)
+    add_out_argument(ap, "the report (.md, .json) and raw/hdd_compare/ (one file a run)")
     args = ap.parse_args()
     phases = {x for v in (args.phase or ["all"]) for x in v.split(",")}
     if "all" in phases:
         phases = {"build", "warm", "hdd", "report"}
+    if "hdd" in phases:
+        need_hddsim(args)  # before hours of other runs
     if "build" in phases:
         build(args)
     n_images = 0

@@ -1,7 +1,7 @@
 """The full pipeline on a simulated hard disk as a share of the CPU limit, alternated.
 
 Like ``cpu_ratio.py`` (whose helpers it uses), but the pipeline runs under
-``/work/shared/tools/hddsim`` (page cache dropped, reads throttled to 100 IO/s and
+``hddsim`` (``--hddsim``; page cache dropped, reads throttled to 100 IO/s and
 150 MiB/s), once with each of the Loader's two read paths.  Per round and database:
 
 1. the CPU limit as the issue defines it: ``seqloader bench --mode cpu-limit`` (the fused
@@ -13,10 +13,11 @@ Like ``cpu_ratio.py`` (whose helpers it uses), but the pipeline runs under
    batches 21-62 (``--warmup 20 --batches 42``: between the buffer's fill and its drain,
    what most of an ImageNet epoch looks like).
 
-    python benchmarks/hdd_ratio.py [--data /work/bench-data] [--db lmdb-rst] [--rounds 3]
-        [--tag TAG]
+    python benchmarks/hdd_ratio.py --data DIR [--db lmdb-rst] [--rounds 3] [--tag TAG]
+        [--hddsim PATH] [--out DIR]
 
-Writes ``benchmarks/results/hdd_ratio-<dbs>[-TAG].md`` and ``.json``.
+Writes ``hdd_ratio-<dbs>[-TAG].md`` and ``.json`` into ``--out`` (default: the current
+directory; ``--out benchmarks/results`` to update the committed ones).
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from benchpaths import (add_data_argument, add_hddsim_argument, add_out_argument,  # noqa: E402
+                        need_hddsim, out_dir)
 from cpu_ratio import _json_out, _kb, bench_command, cpu_limit, save  # noqa: E402
 
-HDDSIM = "/work/shared/tools/hddsim"
 WINDOWS = {"epoch": ["--warmup", "2", "--batches", "78"],
            "steady": ["--warmup", "20", "--batches", "42"]}
 IOS = ("direct", "buffered")
@@ -40,12 +42,15 @@ IOS = ("direct", "buffered")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="/work/bench-data")
+    add_data_argument(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--db", default="lmdb-rst",
                     help="database folder(s) under --data, comma-separated (%(default)s)")
     ap.add_argument("--tag", default="", help="suffix of the results' file names")
+    add_hddsim_argument(ap)
+    add_out_argument(ap)
     args = ap.parse_args()
+    hddsim = need_hddsim(args)
     dbs = [d for d in args.db.split(",") if d]
     rounds = []
     for r in range(args.rounds):
@@ -58,7 +63,7 @@ def main() -> int:
                    "data_mean_kb": _kb(single.get("data_mean_bytes")), "load": os.getloadavg()}
             for io in IOS:
                 for w, flags in WINDOWS.items():
-                    res = _json_out([HDDSIM, "--dir", args.data, "--"] + bench + [
+                    res = _json_out([hddsim, "--dir", args.data, "--"] + bench + [
                         "--mode", "full", "--cold", "--io", io] + flags)["results"][0]
                     assert res["io"] == io, res["io"]
                     key = f"{io}_{w}"
@@ -91,8 +96,8 @@ def main() -> int:
     for d, m in med.items():
         lines.append(f"Median, {d}: limit {m['limit']:.0f} images/s; " + "; ".join(
             f"{k.replace('_', ' ')} {m[k]:.0f} = {m[k + '_pct']} %" for k in keys) + ".")
-    save(name, doc, "Full pipeline under hddsim vs the CPU limit, measured in alternation",
-         intro, lines)
+    save(out_dir(args), name, doc,
+         "Full pipeline under hddsim vs the CPU limit, measured in alternation", intro, lines)
     return 0
 
 

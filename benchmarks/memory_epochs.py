@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Memory of a training Loader over many epochs: does it stay bounded?
 
-    python benchmarks/memory_epochs.py [--data /work/bench-data] [--epochs 20] [--wait]
+    python benchmarks/memory_epochs.py --data DIR [--epochs 20] [--wait] [--out DIR]
 
 Builds (or reuses) a database of 6,400 images (hard links to 64 images per class of the
 hdd_compare tree ``DATA/imagenet-synth``, preprocessed into ``DATA/lmdb-mem``), then
@@ -20,8 +20,9 @@ The documented bound (README "Performance", Loader docstring): ``num_workers x p
 shared-memory batch buffers of ``spec.slot_nbytes`` each, plus ``cache`` records of
 encoded JPEGs held as page cache (``cache x mean record size``), plus fixed overhead
 (the interpreter, torch and OpenCV in the main process -- measured here before the
-Loader is created -- and in each worker).  Writes ``benchmarks/results/memory.md``
-and ``.json``.
+Loader is created -- and in each worker).  Writes ``memory.md`` and ``.json`` into
+``--out`` (default: the current directory; ``--out benchmarks/results`` to update the
+committed ones).
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from seqloader.read.direct import IO_MODES  # noqa: E402
-from hdd_compare import (REPO, RESULTS, CpuAccount, drops, fmt, git_state, log, loadavg, machine, machine_md,  # noqa: E402
-                         run_cmd, wait_quiet, warm_files)
+from benchpaths import add_data_argument, add_out_argument, out_dir  # noqa: E402
+from hdd_compare import (REPO, CpuAccount, drops, fmt, git_state, log, loadavg,  # noqa: E402
+                         machine, machine_md, run_cmd, wait_quiet, warm_files)
 
 KEYS = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "uss", "Private_Dirty:": "uss",
         "Anonymous:": "anon", "Pss_Anon:": "pss_anon", "Pss_File:": "pss_file",
@@ -143,7 +145,7 @@ def build(args) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="/work/bench-data")
+    add_data_argument(ap)
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--per-class", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=20)
@@ -155,13 +157,15 @@ def main() -> int:
                     help="the Loader's io= (%(default)s); other than auto the results go to "
                          "memory-<io>.md/.json")
     ap.add_argument("--max-load", type=float, default=1.5)
-    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite the .md from the .json in --out")
+    add_out_argument(ap)
     args = ap.parse_args()
     stem = "memory" if args.io == "auto" else f"memory-{args.io}"
-    out_json = RESULTS / f"{stem}.json"
+    out_json = out_dir(args) / f"{stem}.json"
     if args.report_only:
         doc = json.loads(out_json.read_text())
-        write_md(doc, stem)
+        write_md(doc, out_json.with_suffix(".md"))
         return 0
     db_dir = build(args)
 
@@ -244,11 +248,11 @@ def main() -> int:
            "cpu_account": cpu_acct,
            "command": " ".join([sys.executable, *sys.argv])}
     out_json.write_text(json.dumps(doc, indent=2))
-    write_md(doc, stem)
+    write_md(doc, out_json.with_suffix(".md"))
     return 0
 
 
-def write_md(doc: dict, stem: str = "memory") -> None:
+def write_md(doc: dict, path: Path) -> None:
     b, E = doc["bound"], doc["epochs"]
     s = doc["settings"]
     L = ["# Loader memory over epochs", "",
@@ -308,7 +312,7 @@ def write_md(doc: dict, stem: str = "memory") -> None:
               f"{min(r['first_batch_s'] for r in E[1:]) if len(E) > 1 else float('nan'):.2f}-"
               f"{max(r['first_batch_s'] for r in E[1:]) if len(E) > 1 else float('nan'):.2f} s", ""]
     L += ["## Command", "", "```", doc["command"], "```", ""]
-    (RESULTS / f"{stem}.md").write_text("\n".join(L))
+    path.write_text("\n".join(L))
     print("\n".join(L))
 
 

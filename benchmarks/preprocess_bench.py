@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How fast ``preprocess_sequential.py`` converts a tree, against the floor of reading it.
 
-    python benchmarks/preprocess_bench.py [--data /work/bench-data] [--phase all] [--wait]
+    python benchmarks/preprocess_bench.py --data DIR [--phase all] [--wait] [--out DIR]
 
 Trees: hard-linked subsets of the hdd_compare tree (``DATA/imagenet-synth``, built by
 ``benchmarks/hdd_compare.py --phase build``): ``DATA/pp-5k``, ``pp-10k``, ``pp-20k``
@@ -20,7 +20,11 @@ Outputs go to ``DATA/pp-out`` on the same disk (the same ext4 file system).
 ``memory`` peak RSS / anonymous memory of the preprocess process for 5k, 10k and 20k
            images (warm, verify on), sampled from ``/proc/self/smaps_rollup`` every
            0.1 s plus ``ru_maxrss``.
-``report`` ``benchmarks/results/preprocess.md`` and ``.json``.
+``report`` ``OUT/preprocess.md`` and ``.json``.
+
+``OUT`` is ``--out`` (default: the current directory; ``--out benchmarks/results`` to
+update the committed results); each run's record is kept in ``OUT/raw/preprocess/``
+(a run whose file exists is kept; ``--force`` redoes it).  ``hddsim`` is ``--hddsim``.
 
 The preprocess process is run through this script's ``--child`` mode, which imports
 seqloader (and torch, which it pulls in) first and times ``seqloader.cli.main(
@@ -43,9 +47,11 @@ T_START = time.time()
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from hdd_compare import (HDD_MBPS, HDDSIM, MiB, REPO, RESULTS, CpuAccount, drops, retry, fmt, git_state, timed_run,  # noqa: E402
-                         log, loadavg, machine, machine_md, tree_files, wait_iostudy, wait_quiet,
-                         warm_files)
+from benchpaths import (add_data_argument, add_hddsim_argument, add_out_argument,  # noqa: E402
+                        need_hddsim, out_dir)
+from hdd_compare import (HDD_MBPS, MiB, REPO, CpuAccount, drops, fmt, git_state,  # noqa: E402
+                         log, loadavg, machine, machine_md, retry, timed_run, tree_files,
+                         wait_hddsim, wait_quiet, warm_files)
 
 SIZES = {"5k": 50, "10k": 100, "20k": 200}  # images per class, 100 classes
 
@@ -56,7 +62,7 @@ def child(out: str, argv: list[str]) -> int:
     """Run ``seqloader preprocess argv`` in this process; write timings and memory."""
     t_import = time.time()
     from seqloader.cli import main
-    from seqloader.tools.bench import _smaps
+    from seqloader.tools.bench.procs import _smaps
 
     base = _smaps(os.getpid()) or {}
     t_run = time.time()
@@ -122,8 +128,8 @@ def tree_stats(root: Path) -> dict:
 
 # =========================================================================== runs
 
-def raw_dir() -> Path:
-    d = RESULTS / "raw" / "preprocess"
+def raw_dir(args) -> Path:
+    d = Path(args.out) / "raw" / "preprocess"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -133,13 +139,13 @@ def preprocess_cmd(args, src: Path, out: Path, extra: list[str], res: Path) -> l
             str(src), str(out), "--splits", "train", "--overwrite", "--no-progress", *extra]
 
 
-def save(rid: str, rec: dict) -> dict:
-    (raw_dir() / f"{rid}.json").write_text(json.dumps(rec, indent=2))
+def save(args, rid: str, rec: dict) -> dict:
+    (raw_dir(args) / f"{rid}.json").write_text(json.dumps(rec, indent=2))
     return rec
 
 
 def done(args, rid: str) -> dict | None:
-    f = raw_dir() / f"{rid}.json"
+    f = raw_dir(args) / f"{rid}.json"
     if f.exists() and not args.force:
         log(f"{rid}: kept {f} (--force to redo)")
         return {**json.loads(f.read_text()), "_cached": True}
@@ -157,7 +163,7 @@ def retried(fn):
                 args.force = saved
         rec = retry(once, args.max_others, args.attempts, rid)
         if not rec.get("_cached"):
-            save(rid, rec)
+            save(args, rid, rec)
         return rec
     return wrapper
 
@@ -168,7 +174,7 @@ def run_preprocess(args, rid: str, tree: Path, extra: list[str], hdd: bool) -> d
     if rec:
         return rec
     if hdd:
-        wait_iostudy(enabled=args.wait)
+        wait_hddsim(enabled=args.wait)
     else:
         warm_files(tree_files(tree / "train"))
     cond = wait_quiet(args.max_load, enabled=args.wait)
@@ -176,7 +182,7 @@ def run_preprocess(args, rid: str, tree: Path, extra: list[str], hdd: bool) -> d
     out = Path(args.data) / "pp-out"
     cmd = preprocess_cmd(args, tree, out, extra, res)
     if hdd:
-        cmd = [HDDSIM, "--dir", str(args.data), "--"] + cmd
+        cmd = [need_hddsim(args), "--dir", str(args.data), "--"] + cmd
     r, wall, git, cpu_acct = timed_run(cmd, cwd=REPO, capture_output=True, text=True)
     child_res = json.loads(res.read_text()) if res.exists() else None
     res.unlink(missing_ok=True)
@@ -196,7 +202,7 @@ def run_preprocess(args, rid: str, tree: Path, extra: list[str], hdd: bool) -> d
             f"anon {child_res['peak_anon_mb']} MB, load {cond['load_before']}")
     else:
         log(f"{rid} FAILED: {r.stderr[-2000:]}")
-    return save(rid, rec)
+    return save(args, rid, rec)
 
 
 @retried
@@ -204,7 +210,7 @@ def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
     rec = done(args, rid)
     if rec:
         return rec
-    wait_iostudy(enabled=args.wait)
+    wait_hddsim(enabled=args.wait)
     cond = wait_quiet(args.max_load, enabled=args.wait)
     src = tree / "train"
     tfile = Path("/dev/shm") / f"ppbench-{rid}.t"
@@ -220,7 +226,7 @@ def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
     else:
         pipeline = f"find {shlex.quote(str(src))} -type f -print0 | sort -z | xargs -0 cat > /dev/null"
     script = (f"t0=$(date +%s.%N); {pipeline}; t1=$(date +%s.%N); echo $t0 $t1 > {tfile}")
-    cmd = [HDDSIM, "--dir", str(args.data), "--", "bash", "-c", script]
+    cmd = [need_hddsim(args), "--dir", str(args.data), "--", "bash", "-c", script]
     r, wall, git, cpu_acct = timed_run(cmd, capture_output=True, text=True)
     a, b = map(float, tfile.read_text().split())
     tfile.unlink()
@@ -232,7 +238,7 @@ def run_cat(args, rid: str, tree: Path, shuffled: bool) -> dict:
            "images_per_s": round(stats["images"] / s, 1),
            "mb_per_s": round(stats["bytes"] / s / 1e6, 1)}
     log(f"{rid}: {rec['images_per_s']} img/s, {rec['mb_per_s']} MB/s in {s:.1f} s")
-    return save(rid, rec)
+    return save(args, rid, rec)
 
 
 @retried
@@ -271,7 +277,7 @@ def run_decode_rate(args, rid: str, tree: Path) -> dict:
     rec = {"id": rid, "git": git_state(), "cpu_account": acct.result(), "sample": len(blobs), "mean_bytes": round(sum(map(len, blobs)) / len(blobs)),
            "threads": "cv2.setNumThreads(1), one Python thread", **out, **cond,
            "load_after": loadavg(), "cores": len(os.sched_getaffinity(0))}
-    return save(rid, rec)
+    return save(args, rid, rec)
 
 
 # =========================================================================== report
@@ -285,7 +291,7 @@ def _tag(r: dict) -> str:
 
 
 def report(args) -> None:
-    recs = {f.stem: json.loads(f.read_text()) for f in sorted(raw_dir().glob("*.json"))}
+    recs = {f.stem: json.loads(f.read_text()) for f in sorted(raw_dir(args).glob("*.json"))}
     recs = {k: v for k, v in recs.items() if not k.startswith("_")}
     m = machine(args.data)
     L = ["# Preprocessing: `preprocess_sequential.py` vs reading the sources", "",
@@ -378,9 +384,10 @@ def report(args) -> None:
             L.append(r["command"])
     L += ["```", ""]
     md = "\n".join(L)
-    (RESULTS / "preprocess.md").write_text(md)
-    (RESULTS / "preprocess.json").write_text(json.dumps({"machine": m, "runs": recs, "goals": goals},
-                                                        indent=2))
+    out = out_dir(args)
+    (out / "preprocess.md").write_text(md)
+    (out / "preprocess.json").write_text(json.dumps({"machine": m, "runs": recs, "goals": goals},
+                                                    indent=2))
     print(md)
 
 
@@ -391,7 +398,7 @@ def main() -> int:
             argv = argv[1:]
         return child(sys.argv[2], argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="/work/bench-data")
+    add_data_argument(ap)
     ap.add_argument("--phase", action="append", help="build, hdd, warm, memory, report or all")
     ap.add_argument("--only", help="comma-separated run ids")
     ap.add_argument("--wait", action="store_true")
@@ -402,10 +409,14 @@ def main() -> int:
     ap.add_argument("--attempts", type=int, default=3)
     ap.add_argument("--decode-sample", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
+    add_hddsim_argument(ap)
+    add_out_argument(ap, "the report (.md, .json) and raw/preprocess/ (one file a run)")
     args = ap.parse_args()
     phases = {x for v in (args.phase or ["all"]) for x in v.split(",")}
     if "all" in phases:
         phases = {"build", "hdd", "warm", "memory", "report"}
+    if "hdd" in phases:
+        need_hddsim(args)  # before the other runs
     only = set(args.only.split(",")) if args.only else None
     ok = lambda rid: not only or rid in only  # noqa: E731
     t = trees(args)

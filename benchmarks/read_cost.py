@@ -1,6 +1,6 @@
 """What reading a file sequentially costs in CPU: through the page cache vs O_DIRECT.
 
-    /work/shared/tools/hddsim -- python benchmarks/read_cost.py FILE [--mib 1200]
+    hddsim -- python benchmarks/read_cost.py FILE [--mib 1200]
         [--mode buffered|direct] [--block-mib 16] [--depth 2]
 
 Reads the first ``--mib`` MiB of FILE in ``--block-mib`` requests into reused,

@@ -86,7 +86,8 @@ otherwise use the smallest chunks the storage tolerates and the largest buffer m
 allows, and check ``seqloader.tools.quality.shuffle_quality`` (or
 ``benchmarks/shuffle_quality.py --db``) before training.
 
-Outputs (``--out-dir``, default ``benchmarks/results``): ``shuffle_accuracy.json``
+Outputs (``--out-dir``, default: the current directory; ``--out-dir benchmarks/results``
+updates the committed results): ``shuffle_accuracy.json``
 (everything), ``shuffle_accuracy.md`` (tables) and ``shuffle_accuracy.png`` (val
 accuracy vs epoch per configuration, mean over seeds with a min-max band; needs the
 optional ``matplotlib``, skipped with a message without it).  ``--json`` prints the
@@ -96,7 +97,7 @@ JSON document on stdout (progress and messages go to stderr).
 configuration, and for a sweep of chunk sizes (``--hdd-chunks``), reads one epoch of
 raw records (no decoding; seqloader ``transform=None``, the files baseline reads
 each file in a seeded random order) in a fresh process started under
-``/work/shared/tools/hddsim`` (``--hddsim``; it needs root, drops the page cache and
+``hddsim`` (``--hddsim``; it needs root, drops the page cache and
 throttles the disk holding the data to ``--hdd-iops`` reads/s and ``--hdd-mbps``
 MiB/s), and reports records/s and MB/s.  By default it generates a separate copy of
 the dataset with ImageNet-sized images (``--hdd-size imagenet``, ~110 KB/record) so
@@ -126,12 +127,11 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchpaths import add_hddsim_argument  # noqa: E402
 
 IMAGENET_RECORDS = 1_281_167
 IMAGENET_PER_CLASS = IMAGENET_RECORDS / 1000
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-RESULTS = Path(__file__).resolve().parent / "results"
-HDDSIM = "/work/shared/tools/hddsim"
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "a_ideal": {"desc": "ideal: DataLoader(shuffle=True) over the files", "source": "files"},
@@ -827,8 +827,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-imagenet-reference", action="store_true",
                    help="skip the ImageNet-size shuffle-quality reference (saves ~5 s)")
     g = p.add_argument_group("output")
-    g.add_argument("--out-dir", default=str(RESULTS),
-                   help="where shuffle_accuracy.{json,md,png} go ('' = nowhere)")
+    g.add_argument("--out-dir", "--out", dest="out_dir", default=".",
+                   help="where shuffle_accuracy.{json,md,png} go ('' = nowhere; "
+                        "benchmarks/results replaces the committed results)")
     g.add_argument("--json", action="store_true", help="print the JSON document on stdout")
     g.add_argument("--no-plot", action="store_true")
     g.add_argument("--no-progress", action="store_true")
@@ -838,7 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "under hddsim (cold page cache)")
     g.add_argument("--skip-training", action="store_true",
                    help="only the HDD throughput measurement")
-    g.add_argument("--hddsim", default=HDDSIM, help="the hddsim wrapper")
+    add_hddsim_argument(g)
     g.add_argument("--hdd-iops", type=int, default=100)
     g.add_argument("--hdd-mbps", type=int, default=150)
     g.add_argument("--hdd-size", choices=("imagenet", "small"), default="imagenet",
@@ -858,7 +859,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         return None
     if args.skip_training and not args.hdd_throughput:
         raise SystemExit("--skip-training only makes sense with --hdd-throughput")
-    if args.hdd_throughput and not os.access(args.hddsim, os.X_OK):
+    if args.hdd_throughput and not (args.hddsim and os.access(args.hddsim, os.X_OK)):
         raise SystemExit(f"--hdd-throughput: {args.hddsim} is not an executable (give --hddsim PATH)")
     if not args.seeds or args.epochs < 1 or args.batch_size < 1:
         raise SystemExit("need at least one seed, one epoch and a positive batch size")

@@ -50,11 +50,11 @@ the record count are skipped.
     python benchmarks/shuffle_quality.py --db /data/lmdb        # a real database
     python benchmarks/shuffle_quality.py --json > q.json       # JSON on stdout
 
-Writes the Markdown table to ``benchmarks/results/shuffle_quality.md`` and the JSON
-document next to it (``.json``; ``--out FILE.md`` to choose, ``--out ''`` to skip) and
-prints the table (or the JSON document with ``--json``).  With ``--db`` the default is
-``shuffle_quality-<database folder>.md`` in the current folder: the committed results
-describe the ImageNet-like layout, and checking your own data must not overwrite them.
+Writes the Markdown table to ``shuffle_quality.md`` in the current folder (with
+``--db``: ``shuffle_quality-<database folder>.md``) and the JSON document next to it
+(``.json``; ``--out FILE.md`` to choose, ``--out ''`` to skip) and prints the table (or
+the JSON document with ``--json``).  The committed results are replaced only when
+asked: ``--out benchmarks/results/shuffle_quality.md``.
 """
 from __future__ import annotations
 
@@ -77,7 +77,6 @@ IMAGENET_RECORDS = 1_281_167
 IMAGENET_RECORD_BYTES = 110_000
 DEFAULT_CACHES = (500, 1000, 5000, 20000, 50000)
 DEFAULT_CHUNKS = (16, 64, 256, 1024, 4096)
-RESULTS = Path(__file__).resolve().parent / "results"
 
 __all__ = ["fast_epoch_order", "pair_repeat", "ideal_pair_repeat", "hdd_efficiency",
            "score", "run_grid", "format_markdown", "main"]
@@ -399,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recommendation: minimum modelled HDD efficiency (0..1)")
     p.add_argument("--out", default=None,
                    help="Markdown output file, plus the JSON with suffix .json ('' = do not "
-                        "write; default benchmarks/results/shuffle_quality.md, or with --db "
+                        "write; default ./shuffle_quality.md, or with --db "
                         "./shuffle_quality-<database folder>.md)")
     p.add_argument("--json", action="store_true",
                    help="print the JSON document (conditions, rows, recommendation) on stdout "
@@ -417,8 +416,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     doc = run_grid(args)
     md = format_markdown(doc)
     if args.out is None:
-        args.out = str(RESULTS / "shuffle_quality.md" if args.db is None
-                       else Path(f"shuffle_quality-{args.db.resolve().name}.md"))
+        args.out = ("shuffle_quality.md" if args.db is None
+                    else f"shuffle_quality-{args.db.resolve().name}.md")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

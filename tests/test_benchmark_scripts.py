@@ -286,3 +286,62 @@ def test_reduced_by_size_fractional_renders_the_same_crop():
     assert len(scales) >= 2 and len(diffs) >= 10  # e.g. 3/8 and 4/8 both occur
     assert m8_d < 1.5 * shipped_d + 0.5, (m8_d, shipped_d)
     assert other_d > 10 * shipped_d, (other_d, shipped_d)
+
+
+def _committed_bytes() -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in (BENCH / "results").rglob("*") if p.is_file()}
+
+
+def test_benchmark_scripts_name_no_machine_paths():
+    """Data and tool paths are arguments: no script or README defaults to one machine's
+    folders."""
+    for f in sorted(BENCH.glob("*.py")) + [BENCH / "README.md"]:
+        text = f.read_text()
+        for bad in ("/work/", "bench-data"):
+            assert bad not in text, f"{f.name} names {bad!r}: take the path as an argument"
+
+
+@pytest.mark.parametrize("script, flag", [
+    ("hdd_compare.py", "--data"), ("preprocess_bench.py", "--data"),
+    ("memory_epochs.py", "--data"), ("cpu_ratio.py", "--data"), ("hdd_ratio.py", "--data"),
+    ("epoch_gaps.py", "--db")])
+def test_benchmark_scripts_require_their_data_path(script, flag, tmp_path):
+    p = subprocess.run([sys.executable, str(BENCH / script)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"required: {flag}" in p.stderr, p.stderr[-2000:]
+
+
+def test_shuffle_quality_writes_into_the_current_folder_by_default(tmp_path):
+    before = _committed_bytes()
+    doc = _run("shuffle_quality.py", "--classes", "4", "--per-class", "30", "--caches", "10",
+               "--chunks", "4", "--batch-size", "8", "--json", "--no-progress", cwd=tmp_path)
+    assert doc["rows"] and (tmp_path / "shuffle_quality.md").exists()
+    assert (tmp_path / "shuffle_quality.json").exists()
+    assert _committed_bytes() == before
+
+
+def test_memory_epochs_report_goes_to_out(tmp_path):
+    """``--report-only`` re-renders the .md from the .json in ``--out``; the committed
+    report is not touched."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(BENCH / "results" / "memory.json", out / "memory.json")
+    before = _committed_bytes()
+    _script("memory_epochs.py", "--data", str(tmp_path), "--report-only", "--out", "out",
+            cwd=tmp_path, timeout=60)
+    md = (out / "memory.md").read_text()
+    assert md.startswith("# Loader memory over epochs") and "| 19 |" in md
+    assert _committed_bytes() == before
+
+
+@pytest.mark.slow
+def test_hdd_compare_report_from_raw_runs_in_out(tmp_path):
+    """The report phase assembles ``OUT/raw/hdd_compare/*.json`` into ``OUT``."""
+    out = tmp_path / "out"
+    shutil.copytree(BENCH / "results" / "raw" / "hdd_compare", out / "raw" / "hdd_compare")
+    before = _committed_bytes()
+    _script("hdd_compare.py", "--data", str(tmp_path), "--phase", "report", "--out", str(out),
+            cwd=tmp_path, timeout=120)
+    doc = json.loads((out / "hdd_compare.json").read_text())
+    assert doc["rows"] and (out / "hdd_compare.md").read_text().startswith("#")
+    assert _committed_bytes() == before

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from seqloader.tools import synth
-from seqloader.tools.synth import SynthReport, make_image, make_synthetic_imagenet
+from seqloader.tools.synth import SynthReport, make_synthetic_imagenet
+from seqloader.tools.synth_draw import draw_size, make_image
 
 HAVE_PIL = synth._pil_available()
 
@@ -245,13 +246,13 @@ def test_classes_differ_in_colour():
 
 def test_imagenet_size_distribution():
     rng = np.random.default_rng(0)
-    sizes = np.array([synth._draw_size(rng, "imagenet") for _ in range(4000)])
+    sizes = np.array([draw_size(rng, "imagenet") for _ in range(4000)])
     long = sizes.max(1)
     assert 0.03 < (long >= 800).mean() < 0.08
     assert 0.015 < (long < 250).mean() < 0.05
     assert 0.6 < ((long >= 450) & (long <= 540)).mean()
     assert 350 < sizes.mean() < 550
-    sizes = np.array([synth._draw_size(rng, "small") for _ in range(500)])
+    sizes = np.array([draw_size(rng, "small") for _ in range(500)])
     assert sizes.min() >= 64 and sizes.max() <= 128
 
 

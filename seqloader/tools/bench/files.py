@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..dataflow.threads import forking_single_threaded
+from ...dataflow.threads import forking_single_threaded
 
 __all__ = ["FilesDataset", "FilesLoader", "collate_raw", "collate_decoded", "resolve_tree",
            "worker_init"]
@@ -32,7 +32,7 @@ def resolve_tree(path: str | Path, split: str | None) -> Path:
                          "(<dir>/<class>/<image>) -- pass it as PATH or with --files DIR")
     if split and (p / split).is_dir():
         return p / split
-    from ..write.preprocess import DEFAULT_SPLITS
+    from ...write.preprocess import DEFAULT_SPLITS
     splits = [s for s in DEFAULT_SPLITS if (p / s).is_dir()]
     if split and splits:  # an ImageNet root without that split: not a class tree
         raise FileNotFoundError(f"{p} has no {split}/ folder (it has {', '.join(splits)}); "
@@ -69,7 +69,7 @@ class FilesDataset(torch.utils.data.Dataset):
         label = int(self.labels[i])
         if self.transform is None:
             return data, label, len(data)
-        from ..transforms import decode_rgb
+        from ...transforms import decode_rgb
 
         try:
             img = decode_rgb(data)
@@ -88,7 +88,8 @@ def collate_raw(batch: list[tuple[bytes, int, int]]) -> tuple[list[bytes], torch
             sum(b[2] for b in batch))
 
 
-def collate_decoded(batch: list[tuple[np.ndarray, int, int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+def collate_decoded(batch: list[tuple[np.ndarray, int, int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The default collate of the samples (in a worker it stacks straight into shared
     memory, as a plain DataLoader does), plus labels and bytes read."""
     images = torch.utils.data.default_collate([b[0] for b in batch])
@@ -100,8 +101,8 @@ def worker_init(worker_id: int) -> None:
     """Per-worker set-up matching seqloader's workers: single-threaded OpenCV, and a
     distinct default generator for the transforms (forked workers would otherwise
     share the parent's generator state and draw identical crops)."""
-    from ..dataflow.threads import limit_worker_threads
-    from ..transforms import seed_default
+    from ...dataflow.threads import limit_worker_threads
+    from ...transforms import seed_default
 
     limit_worker_threads()
     info = torch.utils.data.get_worker_info()
