@@ -8,15 +8,16 @@ of start-up under hddsim).
 __version__ = "0.2.0"
 
 from .dataflow.stages import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
-                              MapDataComponent, MultiProcessMapData)
+                              MapDataComponent, MultiProcessMapAndBatchData, MultiProcessMapData)
 from .read.database import Database, open_database
-from .format.spec import EmptyDatabaseError, FORMAT_VERSION, Meta, Record
-from .errors import FormatError, IncompleteError, WorkerDiedError, WorkerError
+from .format.spec import FORMAT_VERSION, Meta, Record
+from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
+                     NoRecordsError, RecordError, RemoteError, SeqloaderError, WorkerDiedError,
+                     WorkerError, WorkerTimeoutError)
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK
 from .write.preprocess import preprocess
 from .write.scan import Scan, scan_class_tree, scan_labelled_folder
-from .errors import BadImageError
-from .write.writer import NoRecordsError, WriteOptions, WriteReport, write_split
+from .write.writer import WriteOptions, WriteReport, write_split
 
 _LAZY = {"Loader": "loader", "ImagenetLoader": "loader"}
 
@@ -33,5 +34,7 @@ __all__ = [
     "scan_labelled_folder", "BadImageError", "WriteOptions", "WriteReport", "write_split",
     "Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK", "WorkerError",
     "WorkerDiedError", "DataFlow", "LMDBData", "LocallyShuffleData", "MapData",
-    "MapDataComponent", "BatchData", "MultiProcessMapData", "EmptyDatabaseError", "NoRecordsError",
+    "MapDataComponent", "BatchData", "MultiProcessMapData", "MultiProcessMapAndBatchData",
+    "EmptyDatabaseError", "NoRecordsError", "SeqloaderError", "RecordError", "RemoteError",
+    "WorkerTimeoutError",
 ]

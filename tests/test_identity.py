@@ -69,3 +69,69 @@ def test_loader_keeps_the_recorded_order(lmdb_dir, index_of, key):
         loader.set_epoch(epoch)
         order = [[index_of[bytes(b)] for b in raw] for raw, _ in loader]
     assert _digest(order) == ORACLE[key]
+
+
+def _pipeline(lmdb_dir, shuffle, drop_last, seed, rank, epoch, num_workers=0, transform=None):
+    """The Loader's stages, composed by hand with the Loader's settings."""
+    from seqloader import BatchData, LMDBData, LocallyShuffleData, MultiProcessMapAndBatchData
+
+    df = LMDBData(lmdb_dir, "train", shuffle=shuffle, chunk_size=KW["chunk_size"], seed=seed,
+                  rank=rank, world_size=KW["world_size"])
+    if shuffle:
+        df = LocallyShuffleData(df, KW["cache"])
+    df = BatchData(df, KW["batch_size"], remainder=not drop_last)
+    df = MultiProcessMapAndBatchData(df, num_workers, transform)
+    df.reset_state()
+    df.source.epoch = epoch
+    return df
+
+
+@pytest.mark.parametrize("key", sorted(ORACLE))
+def test_a_pipeline_of_the_stages_keeps_the_loaders_order(lmdb_dir, index_of, key):
+    df = _pipeline(lmdb_dir, *key)
+    try:
+        assert len(df) == len(Loader(lmdb_dir, "train", None, shuffle=key[0], drop_last=key[1],
+                                     seed=key[2], rank=key[3], **KW))
+        order = [[index_of[bytes(b)] for b in images] for images, _ in df]
+    finally:
+        df.close()
+    assert _digest(order) == ORACLE[key]
+
+
+def test_batchdata_over_the_reader_stages_yields_the_same_batches(lmdb_dir, index_of):
+    """The datapoint-level stages follow the same plan (labels and bytes)."""
+    from seqloader import BatchData, LMDBData, LocallyShuffleData
+
+    key = (True, True, 5, 1, 1)
+    df = BatchData(LocallyShuffleData(LMDBData(lmdb_dir, "train", shuffle=True, chunk_size=8,
+                                               seed=5, rank=1, world_size=2), 6), 5)
+    df.reset_state()
+    df.source.epoch = 1
+    got = list(df)
+    df.close()
+    assert _digest([[index_of[b] for b in images] for images, _ in got]) == ORACLE[key]
+    with Loader(lmdb_dir, "train", None, shuffle=True, drop_last=True, seed=5, rank=1,
+                num_workers=0, **KW) as loader:
+        loader.set_epoch(1)
+        want = [([bytes(b) for b in raw], labels.tolist()) for raw, labels in loader]
+    assert [(images, labels.tolist()) for images, labels in got] == want
+
+
+def test_a_pipeline_decodes_exactly_as_the_loader(lmdb_dir):
+    """Samples (augmentation draws included) and labels equal the Loader's, with workers."""
+    import torch
+    import seqloader.transforms as T
+
+    tf = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToTensor()])
+    df = _pipeline(lmdb_dir, True, False, 5, 1, 1, num_workers=2, transform=tf)
+    try:
+        got = list(df)
+    finally:
+        df.close()
+    with Loader(lmdb_dir, "train", tf, shuffle=True, seed=5, rank=1, num_workers=2,
+                **KW) as loader:
+        loader.set_epoch(1)
+        want = [(x.clone(), y.clone()) for x, y in loader]
+    assert len(got) == len(want) > 1
+    for (x, y), (wx, wy) in zip(got, want):
+        assert torch.equal(torch.from_numpy(x), wx) and torch.equal(torch.from_numpy(y), wy)

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import msgpack
 import numpy as np
-from ..errors import FormatError, IncompleteError
+from ..errors import EmptyDatabaseError, FormatError, IncompleteError
 
 __all__ = [
     "FORMAT_NAME", "FORMAT_VERSION", "META_KEY", "FormatError", "IncompleteError", "EmptyDatabaseError",
@@ -69,10 +69,6 @@ KEY_SIZE = len(KEY_PREFIX) + KEY_STRUCT.size
 #: The checksum of a file with no records: 32 zero bytes, hex-encoded.
 EMPTY_CHECKSUM = "00" * 32
 
-
-class EmptyDatabaseError(FormatError):
-    """A complete database with no records (older writers left one when every source
-    image of a split was undecodable); nothing can be read from it."""
 
 
 def encode_key(index: int) -> bytes:
