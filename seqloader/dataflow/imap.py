@@ -11,7 +11,6 @@ pipes are read while they are written, so large items and results cannot deadloc
 from __future__ import annotations
 
 import mmap
-import os
 import queue
 import threading
 import traceback
@@ -22,7 +21,7 @@ import numpy as np
 from ..errors import RecordError
 from .base import DataFlow, ProxyDataFlow
 from .ordered import _ARENAS, _InArena, _arena_ids, _collect
-from .procs import ProcessGroup, Stop, kill, worker_get
+from .procs import ProcessGroup, kill, serve
 from .threads import prepare_worker
 
 __all__ = ["ProcessMap", "process_map", "MultiProcessMapData", "named_errors"]
@@ -46,32 +45,25 @@ def named_errors(fn: Callable[[T], R], where: Where) -> Callable[[T], R]:
 
 def _map_worker(fn: Callable, arena: int | None, min_bytes: int, conn: Any, main_pid: int) -> None:
     prepare_worker()
-    conn.send(("ready", os.getpid()))
-    try:
-        while True:
-            msg = worker_get(conn, main_pid)
-            if msg[0] == "stop":
+
+    def handle(msg: tuple) -> None:
+        _, seq, slot, items = msg
+        buf = _ARENAS[arena][slot] if arena is not None else None
+        pos, out = 0, []
+        for k, x in enumerate(items):
+            try:
+                r = fn(x)
+                if buf is not None and isinstance(r, tuple):  # NOTE [ results through
+                    r, pos = _to_arena(r, buf, slot, pos, min_bytes)  # shared memory ]
+                out.append(r)
+            except Exception as e:
+                conn.send(("error", seq, k, type(e).__name__, str(e), traceback.format_exc()))
                 return
-            _, seq, slot, items = msg
-            buf = _ARENAS[arena][slot] if arena is not None else None
-            pos, out = 0, []
-            for k, x in enumerate(items):
-                try:
-                    r = fn(x)
-                    if buf is not None and isinstance(r, tuple):  # NOTE [ results through
-                        r, pos = _to_arena(r, buf, slot, pos, min_bytes)  # shared memory ]
-                    out.append(r)
-                except Exception as e:
-                    out = None
-                    conn.send(("error", seq, k, type(e).__name__, str(e), traceback.format_exc()))
-                    break
-            if out is not None:
-                try:
-                    conn.send(("done", seq, out))
-                except Exception as e:  # (a result that cannot be pickled)
-                    conn.send(("error", seq, 0, type(e).__name__, str(e), traceback.format_exc()))
-    except (Stop, EOFError, BrokenPipeError, KeyboardInterrupt):
-        return
+        try:
+            conn.send(("done", seq, out))
+        except Exception as e:  # (a result that cannot be pickled)
+            conn.send(("error", seq, 0, type(e).__name__, str(e), traceback.format_exc()))
+    serve(conn, main_pid, handle)
 
 
 def _to_arena(r: tuple, buf: Any, slot: int, pos: int, min_bytes: int) -> tuple[tuple, int]:

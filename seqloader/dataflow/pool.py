@@ -32,8 +32,6 @@ NOTE [ worker lifecycle ]
 """
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import queue
 import threading
 import weakref
@@ -47,7 +45,7 @@ from ..errors import RecordError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, batch_rng, decode_batch, slot_views
 from .feedthread import Feed, FeedThread
-from .procs import ProcessGroup, Stop, kill, unmap_later, worker_get
+from .procs import ProcessGroup, kill, serve, unmap_later
 from .threads import prepare_worker
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
@@ -59,21 +57,16 @@ def _worker_main(spec: BatchSpec, names: list[str], generation: Any, conn: Conne
                  main_pid: int) -> None:
     prepare_worker(torch_ops=spec.transform is not None or spec.target_transform is not None)
     shms = [SharedMemory(name) for name in names]
-    conn.send(("ready", os.getpid()))
-    try:
-        while True:
-            msg = worker_get(conn, main_pid)
-            if msg[0] == "stop":
-                return
-            if msg[0] == "cancel":
-                conn.send(("cancelled", msg[1]))
-                continue
-            _, gen, epoch, j, slot, n, offsets, indices, inline = msg
-            if gen != generation.value:  # the epoch was cancelled: skip queued work fast
-                continue
+
+    def handle(msg: tuple) -> None:
+        if msg[0] == "cancel":
+            conn.send(("cancelled", msg[1]))
+            return
+        _, gen, epoch, j, slot, n, offsets, indices, inline = msg
+        if gen == generation.value:  # (else the epoch was cancelled: skip queued work fast)
             conn.send(_decode(spec, shms[slot].buf, epoch, j, slot, n, offsets, indices, inline))
-    except (Stop, EOFError, BrokenPipeError, KeyboardInterrupt):
-        return
+    try:
+        serve(conn, main_pid, handle)
     finally:
         for shm in shms:
             try:

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..errors import WorkerDiedError, WorkerTimeoutError
 from .threads import forking_single_threaded
 
-__all__ = ["ProcessGroup", "Stop", "worker_get", "describe_exit", "shutdown", "unmap_later"]
+__all__ = ["ProcessGroup", "Stop", "serve", "worker_get", "describe_exit", "shutdown", "unmap_later"]
 
 POLL = 1.0
 
@@ -60,6 +60,20 @@ def worker_get(conn: Connection, main_pid: int) -> Any:
         except ProcessLookupError:
             raise Stop from None
     return conn.recv()
+
+
+def serve(conn: Connection, main_pid: int, handle: Callable[[tuple], None]) -> None:
+    """In a worker: say ``ready``, then ``handle`` each message until ``stop``, the pipe
+    closes or the parent is gone."""
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            msg = worker_get(conn, main_pid)
+            if msg[0] == "stop":
+                return
+            handle(msg)
+    except (Stop, EOFError, BrokenPipeError, KeyboardInterrupt):
+        return
 
 
 def describe_exit(code: int | None) -> str:
@@ -161,7 +175,7 @@ class ProcessGroup:
     which may be called from a feed thread too."""
 
     def __init__(self, num_workers: int, *, start_method: str | None = None,
-                 name: str = "seqloader-worker", start_timeout: float = 120):
+                 name: str = "seqloader worker", start_timeout: float = 120):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 for a worker pool, got {num_workers}")
         self.num_workers, self.name, self.start_timeout = num_workers, name, start_timeout
@@ -194,7 +208,8 @@ class ProcessGroup:
             with forking_single_threaded(self.ctx.get_start_method()), frozen_gc():
                 for w in range(self.num_workers):
                     parent, child = self.ctx.Pipe(duplex=True)
-                    p = self.ctx.Process(target=target, name=f"{self.name}-{w}", daemon=True,
+                    p = self.ctx.Process(target=target, daemon=True,
+                                         name=f"{self.name.replace(' ', '-')}-{w}",
                                          args=(*args(w), child, os.getpid()))
                     p.start()
                     child.close()
