@@ -68,7 +68,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from seqloader.dataflow.feeder import shuffle_rng
+from seqloader.dataflow.reading import shuffle_rng
 from seqloader.read.plan import PlanSpec, plan_epoch
 from seqloader.tools.quality import distinct_ratio, epoch_correlation
 from seqloader.dataflow.shuffle import default_warmup, shuffle_order

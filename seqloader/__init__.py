@@ -8,17 +8,18 @@ of start-up under hddsim).
 __version__ = "0.2.0"
 
 from .dataflow.stages import (BatchData, DataFlow, LMDBData, LocallyShuffleData, MapData,
-                              MapDataComponent, MultiProcessMapData)
+                              MapDataComponent, MultiProcessMapAndBatchData, MultiProcessMapData)
 from .read.database import Database, open_database
-from .format.meta import EmptyDatabaseError, FORMAT_VERSION, Meta
+from .format.meta import FORMAT_VERSION, Meta
 from .format.records import Record
-from .errors import FormatError, IncompleteError, WorkerDiedError, WorkerError
+from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
+                     NoRecordsError, RecordError, RemoteError, SeqloaderError, WorkerDiedError,
+                     WorkerError, WorkerTimeoutError)
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK
 from .write.preprocess import preprocess
 from .write.dataset import write_dataset
 from .write.scan import Scan, scan_class_tree, scan_labelled_folder
-from .errors import BadImageError
-from .write.writer import NoRecordsError, WriteOptions, WriteReport, write_split
+from .write.writer import WriteOptions, WriteReport, write_split
 
 _LAZY = {"Loader": "loader", "ImagenetLoader": "loader"}
 
@@ -35,6 +36,7 @@ __all__ = [
     "scan_labelled_folder", "BadImageError", "WriteOptions", "WriteReport", "write_split",
     "Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK", "WorkerError",
     "WorkerDiedError", "DataFlow", "LMDBData", "LocallyShuffleData", "MapData",
-    "MapDataComponent", "BatchData", "MultiProcessMapData", "EmptyDatabaseError", "NoRecordsError",
-    "write_dataset",
+    "MapDataComponent", "BatchData", "MultiProcessMapData", "MultiProcessMapAndBatchData",
+    "EmptyDatabaseError", "NoRecordsError", "SeqloaderError", "RecordError", "RemoteError",
+    "WorkerTimeoutError", "write_dataset",
 ]

@@ -1,12 +1,16 @@
 """``Loader``: the drop-in replacement for ``torch.utils.data.DataLoader``.
 
-Wires the pure epoch plan (:mod:`seqloader.read.plan`), the rank's reader
-(:mod:`seqloader.dataflow.feeder`), the decoder (:mod:`seqloader.dataflow.batch`) and the process
-pool (:mod:`seqloader.dataflow.pool`).
+A facade over a pipeline of the public stages (NOTE [ planned stages ] in
+:mod:`seqloader.dataflow.base`)::
+
+    MultiProcessMapAndBatchData(BatchData(LocallyShuffleData(LMDBData(...))))
+
+(no ``LocallyShuffleData`` without ``shuffle``).  The Loader adds what DataLoader users
+expect: ``len``, epochs and ``set_epoch``, ``state_dict`` resume, DDP ranks, pinning,
+tensors and device normalisation.
 """
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import numbers
 import os
@@ -20,14 +24,15 @@ import torch
 
 from .read.database import Database, open_database
 from .read.direct import choose as choose_io
-from .dataflow.feeder import Feeder
-from .dataflow.pool import WorkerPool
 from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
                         plan_epoch)
 from .read.remote import RemoteOptions, is_url, with_timeout
-from .dataflow.batch import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
+from .dataflow.batch import BatchSpec
+from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow import targets as _targets  # HOOK [ any targets ]
+from .dataflow.reading import LMDBData, LocallyShuffleData
+from .dataflow.stages import BatchData
 from .dataflow.shuffle import default_warmup
 from .trainers import TrainerFacing
 
@@ -151,12 +156,9 @@ class Loader(TrainerFacing):
         self.prefetch, self.timeout = prefetch, timeout
         self.persistent_workers, self.start_method = persistent_workers, start_method
         self.warmup, self.prefetch_bytes = warmup, prefetch_bytes
-        self.io = io
-        self._spec: ProducerSpec | None = None
+        self.io, self.chunk_size, self.even = io, chunk_size, self.plan_spec.even
         self._adopted_warmup: int | None = None  # a checkpoint's default warm-up
-        self._device_normalize = None
-        self._pool: WorkerPool | None = None
-        self._feeder: Feeder | None = None
+        self._engine: MultiProcessMapAndBatchData | None = None
         self._next_epoch = 0     # epoch of the next iteration to yield a batch
         self._resume = 0         # its first batch (> 0 after load_state_dict)
         self._cur_epoch: int | None = None  # epoch of the iteration in progress (None: between)
@@ -178,43 +180,46 @@ class Loader(TrainerFacing):
             return self._adopted_warmup
         return default_warmup(self.cache, self.batch_size, self.db.num_records, self.world_size)
 
-    def _producer_spec(self) -> ProducerSpec:
-        if self._spec is not None:
-            return self._spec
-        common = dict(db=self.db, seed=self.seed, rank=self.rank, shuffle=self.shuffle,
-                      cache=self.cache, warmup=self._warmup, batch_size=self.batch_size,
-                      target_transform=self.target_transform, prefetch_bytes=self.prefetch_bytes,
-                      io=self.io,
-                      # HOOK [ any targets ]: target kind and region (NOTE [ target region ])
-                      **_targets.spec_fields(self.db, self.batch_size, self.target_transform))
-        if self.transform is None:
-            self._spec = ProducerSpec(mode="raw", sample_shape=(0,), sample_dtype="uint8", **common)
-            return self._spec
-        from .transforms import adapt, compile_fused, decode_rgb
+    def _pipeline(self) -> MultiProcessMapAndBatchData:
+        """The stages (built at the first iteration, and again after :meth:`close`)."""
+        if self._engine is None:
+            df: Any = LMDBData(self.db, shuffle=self.shuffle, chunk_size=self.chunk_size,
+                               seed=self.seed, rank=self.rank, world_size=self.world_size,
+                               even=self.even, prefetch_bytes=self.prefetch_bytes, io=self.io)
+            if self.shuffle:
+                df = LocallyShuffleData(df, self.cache, warmup=self._warmup)
+            df = BatchData(df, self.batch_size, remainder=not self.drop_last)
+            df = MultiProcessMapAndBatchData(
+                df, self.num_workers, self.transform, target_transform=self.target_transform,
+                output=self.output, prefetch=self.prefetch, timeout=self.timeout,
+                start_method=self.start_method, read_ahead=self.persistent_workers)
+            assert df.source.plan_spec == self.plan_spec, (df.source.plan_spec, self.plan_spec)
+            df.spec  # (a failing transform or output setting raises here, before any I/O)
+            df.reset_state()
+            self._engine = df
+        return self._engine
 
-        fused = compile_fused(self.transform, output=self.output)
-        if self.output == "uint8":
-            if fused is None:
-                raise ValueError("output='uint8' needs a standard seqloader recipe (RandomResizedCrop "
-                                 "or Resize+CenterCrop, optional flip, ToTensor, Normalize) to move "
-                                 "normalisation to the device; use output='float' for this transform")
-            self._device_normalize = fused.device_normalize()
-        if fused is not None:
-            self._spec = ProducerSpec(mode="decode", fused=fused, sample_shape=tuple(fused.out_shape),
-                                      sample_dtype=np.dtype(fused.out_dtype).name, **common)
-            return self._spec
-        fn = adapt(self.transform)
-        rec = self.db.first_record()  # infer the sample shape from record 0
-        try:
-            with callers_rngs_kept():
-                img = (decode_rgb(rec.image) if rec.shape is None  # HOOK [ stored pixels ]
-                       else np.frombuffer(rec.image, np.uint8).reshape(rec.shape).copy())
-                sample = np.asarray(fn(img, batch_rng(self.seed, 0, self.rank, 0)))
-        except Exception as e:  # named like every other record's failure
-            raise record_error(e, 0, rec.path) from e
-        self._spec = ProducerSpec(mode="decode", transform=fn, sample_shape=sample.shape,
-                                  sample_dtype=sample.dtype.name, **common)
+    @property
+    def _spec(self) -> BatchSpec:
+        return self._pipeline().spec
+
+    @property
+    def _pool(self) -> Any:
+        """The worker pool of the running pipeline, or None."""
+        return None if self._engine is None else self._engine.pool
+
+    def _producer_spec(self) -> BatchSpec:
+        """The workers' spec (for the bench tools; builds the pipeline)."""
         return self._spec
+
+    @property
+    def _feeder(self) -> LMDBData | None:
+        """The pipeline's reader stage (``.reader``: its RangeReader), or None."""
+        return None if self._engine is None else self._engine.source
+
+    @property
+    def _device_normalize(self) -> Any:
+        return None if self._engine is None else self._engine.device_normalize
 
     # -------------------------------------------------------------- iteration
     def __len__(self) -> int:
@@ -280,15 +285,10 @@ class Loader(TrainerFacing):
 
     def _iterate(self, started: list[int]) -> Iterator[tuple[Any, torch.Tensor]]:
         epoch, first = self._next_epoch, self._resume
-        plan = plan_epoch(self.plan_spec, epoch)
-        spec = self._producer_spec()
-        if self._feeder is None:
-            self._feeder = Feeder(self.db, seed=spec.seed, rank=spec.rank, shuffle=spec.shuffle,
-                                  cache=spec.cache, warmup=spec.warmup,
-                                  prefetch_bytes=spec.prefetch_bytes, io=spec.io,
-                                  fault_in=spec.mode == "raw" or self.num_workers == 0)
+        engine = self._pipeline()
+        spec = engine.spec
         try:
-            for j, n, (labels, samples), raw, slot in self._batches(spec, plan, first):
+            for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
                 # HOOK [ any targets ]: unpacked from the buffer, collated after the images
                 targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
                 batch = self._materialize(spec, labels if targets is None else labels[:0].view(
@@ -308,33 +308,7 @@ class Loader(TrainerFacing):
             if not self.persistent_workers:
                 self._stop_workers()
 
-    def _batches(self, spec: ProducerSpec, plan: EpochPlan, first: int):
-        if spec.mode == "raw" or self.num_workers == 0:
-            yield from self._in_process(spec, plan, first)
-            return
-        if self._pool is None:
-            self._pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
-                                    start_method=self.start_method, timeout=self.timeout)
-        # persistent workers go on into the next epoch (the one that follows unless
-        # set_epoch/load_state_dict say otherwise; then that work is cancelled)
-        ahead = plan_epoch(self.plan_spec, plan.epoch + 1) if self.persistent_workers else None
-        for j, n, views, slot in self._pool.epoch(plan, self._feeder, first, ahead):
-            yield j, n, views, None, slot
-
-    def _in_process(self, spec: ProducerSpec, plan: EpochPlan, first: int):
-        """Raw mode (nothing to decode: no workers) and ``num_workers=0``."""
-        B = spec.batch_size
-        labels = _targets.target_region(spec.target_kind, spec.labels_nbytes)  # HOOK [ any targets ]
-        samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
-        for j, recs in self._feeder.batches(plan, first):
-            n = len(recs)
-            with callers_rngs_kept() if spec.transform is not None else contextlib.nullcontext():
-                region = _targets.region_view(spec.target_kind, labels, n)  # HOOK [ any targets ]
-                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], region,
-                                   samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
-            yield j, n, (region, samples[:n]), raw, None
-
-    def _materialize(self, spec: ProducerSpec, labels_v: np.ndarray, images_v: np.ndarray,
+    def _materialize(self, spec: BatchSpec, labels_v: np.ndarray, images_v: np.ndarray,
                      raw: list[bytes] | None, slot: int | None):
         """Batch tensors from a buffer.  NOTE [ zero-copy batches ]: on the CPU the images
         tensor is a view of the shared-memory buffer, leased until the tensor (and every
@@ -434,17 +408,13 @@ class Loader(TrainerFacing):
             self._end_active(superseded=True)  # (its next() raises: not a short epoch)
             self._stop_workers()  # (they and the feeder were made with the other warm-up)
             self._adopted_warmup = adopt_warmup
-            self._spec = None
         self._next_epoch, self._resume, self._cur_epoch = int(epoch), int(position), None
 
     # -------------------------------------------------------------- shutdown
     def _stop_workers(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self._feeder is not None:
-            self._feeder.close()
-            self._feeder = None
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
     def close(self) -> None:
         """End any iteration and stop the workers.  Idempotent; iterating again restarts them."""

@@ -6,7 +6,7 @@ import torch  # noqa: F401 -- loaded before the map workers fork, as in a traini
 
 from conftest import read_records
 from seqloader import (BatchData, LMDBData, LocallyShuffleData, MapData, MapDataComponent,
-                       MultiProcessMapData, WorkerError)
+                       MultiProcessMapData, WorkerDiedError, WorkerError)
 
 
 def _label_plus_one(dp):
@@ -135,7 +135,7 @@ def test_multiprocess_map_errors_name_the_datapoint_and_a_broken_pool_restarts(l
     df.close()
     df = MultiProcessMapData(LMDBData(lmdb_dir, "val"), 2, _die_on_three)
     df.reset_state()
-    with pytest.raises(WorkerError, match="worker process died"):
+    with pytest.raises(WorkerDiedError, match=r"worker \d \(pid \d+\) exited with code 3"):
         list(df)
     df.fn = _label_plus_one
     df.reset_state()  # the broken pool is replaced
@@ -219,7 +219,7 @@ def test_multiprocess_map_workers_die_with_the_parent(lmdb_dir, tmp_path):
     code = (f"import os, time\nfrom seqloader import LMDBData, MultiProcessMapData\n"
             f"df = MultiProcessMapData(LMDBData({str(lmdb_dir)!r}, 'train'), 2, len)\n"
             "df.reset_state()\n"
-            "print(*[p.pid for p in df._ex._processes.values()], flush=True)\n"
+            "print(*df._pm.group.pids, flush=True)\n"
             "time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pids = [int(x) for x in p.stdout.readline().split()]

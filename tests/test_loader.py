@@ -492,16 +492,16 @@ def _slow_mean_color(img, rng=None):
 def test_a_read_ahead_failure_is_the_next_epochs_error(lmdb_dir, monkeypatch):
     """Reading ahead into epoch 1 fails: epoch 0 still completes, and epoch 1 raises the
     reader's error (with its traceback) instead of hanging."""
-    from seqloader.dataflow.feeder import Feeder
+    from seqloader.dataflow.stages import BatchData
     from seqloader.errors import WorkerError
-    real = Feeder.batches
+    real = BatchData.batches
 
     def batches(self, plan, first=0, **kw):
         if plan.epoch == 1:
             raise OSError("disk gone while reading epoch 1")
         yield from real(self, plan, first, **kw)
 
-    monkeypatch.setattr(Feeder, "batches", batches)
+    monkeypatch.setattr(BatchData, "batches", batches)
     # batches slower than the pool's 1-second liveness poll, so that the consumer of
     # epoch 0 does look at the reader's state while the reader is already in epoch 1
     loader = Loader(lmdb_dir, "train", _slow_mean_color, batch_size=10, shuffle=True,

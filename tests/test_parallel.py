@@ -105,7 +105,7 @@ def test_break_mid_epoch_leaves_nothing_behind(lmdb_dir, method):
             if i == 2:
                 break
         pids = loader._pool.pids
-        names = {s.name.lstrip("/") for s in loader._pool._shms}
+        names = {s.name.lstrip("/") for s in loader._pool.group.shms}
         assert len(names) == 4 and not names & _shm()  # unlinked as soon as workers attach
         # the next epoch after a break is complete and exact
         assert sum(1 for _ in loader) == n
@@ -147,7 +147,7 @@ SCRIPT = textwrap.dedent("""
     it = iter(loader)
     next(it)
     print(" ".join(map(str, loader._pool.pids)), flush=True)
-    print(" ".join(s.name.lstrip("/") for s in loader._pool._shms), flush=True)
+    print(" ".join(s.name.lstrip("/") for s in loader._pool.group.shms), flush=True)
     if sys.argv[2] == "int":
         try:
             os.kill(os.getpid(), signal.SIGINT)
@@ -218,14 +218,13 @@ def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_di
     import numpy as np
     from conftest import read_records
     from seqloader.format.records import pack_record
-    from seqloader.dataflow.batch import _RUN, ProducerSpec, batch_rng, decode_batch
+    from seqloader.dataflow.batch import _RUN, BatchSpec, batch_rng, decode_batch
     recs = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")][:40]
     assert len(recs) == 40 and _RUN < 21 < 2 * _RUN
     fused = T.compile_fused(T.Compose([T.RandomResizedCrop(24, scale=(0.05, 0.5)),
                                        T.RandomHorizontalFlip(), T.ToTensor()]))
-    spec = ProducerSpec(db=None, mode="decode", seed=0, rank=0, shuffle=False, cache=0,
-                        warmup=0, batch_size=40, fused=fused, sample_shape=fused.out_shape,
-                        sample_dtype=str(fused.out_dtype))
+    spec = BatchSpec(mode="decode", batch_size=40, fused=fused, sample_shape=fused.out_shape,
+                     sample_dtype=str(fused.out_dtype))
     values = [pack_record(r) for r in recs]
     labels = np.empty(40, np.int64)
     samples = np.empty((40, *fused.out_shape), fused.out_dtype)

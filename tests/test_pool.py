@@ -3,11 +3,11 @@ import hashlib
 import multiprocessing as mp
 import os
 import signal
-from concurrent.futures.process import BrokenProcessPool
-
 import pytest
 
-from seqloader.dataflow.ordered import _ARENAS, ordered_map, ordered_process_map
+from seqloader.dataflow.imap import process_map
+from seqloader.dataflow.ordered import _ARENAS, ordered_map
+from seqloader.errors import RecordError, WorkerDiedError
 
 
 def _payload(i: int) -> bytes:
@@ -43,7 +43,7 @@ def test_process_map_returns_every_result_in_order_and_intact(slot_bytes):
     """Bytes come back through the shared slots (several per slot, offsets matter),
     by pipe when they do not fit, and the pickled way with ``slot_bytes=0``."""
     items = range(150)
-    got = list(ordered_process_map(_work, items, workers=2, chunk=4, slot_bytes=slot_bytes))
+    got = list(process_map(_work, items, workers=2, chunk=4, slot_bytes=slot_bytes))
     assert len(got) == len(items)
     for i, r in zip(items, got):
         assert r == _expected(i), i
@@ -52,20 +52,25 @@ def test_process_map_returns_every_result_in_order_and_intact(slot_bytes):
 
 
 def test_process_map_raises_the_workers_error_with_its_traceback():
-    with pytest.raises(ValueError, match="bad item 7") as info:
-        list(ordered_process_map(_fail_on_7, range(40), workers=2, chunk=3))
-    assert "_fail_on_7" in str(info.value.__cause__)  # the worker's traceback
+    with pytest.raises(RecordError, match="record 7: ValueError: bad item 7") as info:
+        list(process_map(_fail_on_7, range(40), workers=2, chunk=3))
+    e = info.value
+    assert (e.index, e.path, e.exc_type, e.exc_message) == (7, None, "ValueError", "bad item 7")
+    assert e.worker == 7 // 3 % 2
+    assert "_fail_on_7" in str(e.__cause__) and "_fail_on_7" in e.worker_traceback
+    assert not mp.active_children()
     assert not _ARENAS  # its slots are gone with it
 
 
 def test_process_map_reports_a_killed_worker_and_leaves_no_children():
-    with pytest.raises(BrokenProcessPool):
-        list(ordered_process_map(_die_on_5, range(40), workers=2, chunk=2))
+    with pytest.raises(WorkerDiedError, match=r"worker 0 \(pid \d+\) was killed by SIGKILL") as info:
+        list(process_map(_die_on_5, range(40), workers=2, chunk=2))
+    assert info.value.exitcode == -signal.SIGKILL
     assert not mp.active_children()
 
 
 def test_process_map_closed_early_stops_its_workers():
-    gen = ordered_process_map(_work, range(10_000), workers=2, chunk=4)
+    gen = process_map(_work, range(10_000), workers=2, chunk=4)
     assert next(gen) == _expected(0)
     gen.close()
     assert not mp.active_children() and not _ARENAS

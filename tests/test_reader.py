@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from seqloader.read.database import Database, close_env, open_database, open_env
 from seqloader.format.meta import EXTENT_DTYPE
 from seqloader.format.keys import META_KEY, encode_key
 from seqloader.errors import FormatError
-from seqloader.dataflow.batch import ProducerSpec
+from seqloader.dataflow.batch import BatchSpec
 from seqloader.read.reader import RangeReader
 
 from conftest import assert_extents_match, raw_items
@@ -141,11 +140,9 @@ def test_readahead_reads_only_the_pages_not_cached(big_db):
     assert got == want
 
 
-def _spec(sample_nbytes: int, mean: float, batch_size: int = 256) -> ProducerSpec:
-    db = types.SimpleNamespace(image_bytes=int(mean * 1000), num_records=1000)
-    return ProducerSpec(db=db, mode="decode", seed=0, rank=0, shuffle=True, cache=10, warmup=1,
-                        batch_size=batch_size, sample_shape=(sample_nbytes,),
-                        sample_dtype="uint8")
+def _spec(sample_nbytes: int, mean: float, batch_size: int = 256) -> BatchSpec:
+    return BatchSpec(mode="decode", batch_size=batch_size, sample_shape=(sample_nbytes,),
+                     sample_dtype="uint8", mean_record=mean)
 
 
 def test_records_ride_at_the_end_of_the_samples_region():

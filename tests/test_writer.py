@@ -421,8 +421,7 @@ def test_an_unfinished_write_in_another_layout_is_refused_and_removed_when_told(
 
 def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tree, tmp_path,
                                                                          capsys, monkeypatch):
-    from concurrent.futures.process import BrokenProcessPool
-
+    from seqloader.errors import WorkerDiedError
     from seqloader.write import writer
 
     scan = scan_class_tree(synth_tree.root / "val")
@@ -436,10 +435,11 @@ def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tre
         capsys.readouterr().err
 
     def broken(self, start, stop):
-        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+        raise WorkerDiedError("seqloader map worker 1 (pid 1) was killed by SIGKILL",
+                              worker=1, pid=1, exitcode=-9)
 
     monkeypatch.setattr(writer._ShardWriter, "_run", broken)
-    with pytest.raises(RuntimeError, match=r"a decode worker process died \(killed by the "
+    with pytest.raises(WorkerDiedError, match=r"a decode worker process died \(killed by the "
                                            r"out-of-memory killer .*re-run the same command"):
         _quiet(write_split, scan, tmp_path / "other" / "ILSVRC-val.lmdb", "val", _opts())
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
 
-from ..read.database import Database
 from ..errors import RecordError
 from ..format.pixels import fused_prepare, image_source
 from . import targets as _targets
 
-__all__ = ["ProducerSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
+__all__ = ["BatchSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
            "callers_rngs_kept", "record_error", "seed_global_rngs"]
 
 
@@ -33,30 +31,28 @@ def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generat
 
 
 @dataclass
-class ProducerSpec:
-    """Picklable description of the work; sent to each worker once.
+class BatchSpec:
+    """What a worker needs to fill a batch buffer; picklable, sent to each worker once.
 
     ``mode`` is ``"raw"`` (encoded bytes are the batch) or ``"decode"``.  In decode
     mode exactly one of ``fused`` (a :class:`~seqloader.transforms.FusedPipeline`)
     and ``transform`` (``callable(img_rgb_uint8, rng) -> array``) is set, and every
-    sample has ``sample_shape``/``sample_dtype``.
+    sample has ``sample_shape``/``sample_dtype``.  ``seed`` and ``rank`` seed the
+    batches' generators (:func:`batch_rng`); ``mean_record`` (the database's mean
+    encoded record, bytes) sizes the buffers' tail.  The reader's settings (cache,
+    I/O, chunks) are the stages' (:mod:`seqloader.dataflow.stages`), not the workers'.
     """
 
-    db: Database
     mode: str
-    seed: int
-    rank: int
-    shuffle: bool
-    cache: int
-    warmup: int
     batch_size: int
+    seed: int = 0
+    rank: int = 0
     fused: Any = None
     transform: Callable | None = None
     target_transform: Callable | None = None
     sample_shape: tuple[int, ...] = ()
     sample_dtype: str = "float32"
-    prefetch_bytes: int = 128 << 20
-    io: str = "auto"
+    mean_record: float = 0.0
     #: "class" (int64 labels) or "any" (packed targets: NOTE [ target region ] in targets.py)
     target_kind: str = "class"
     #: the labels region's size for "any" targets (``targets.labels_nbytes``)
@@ -76,15 +72,11 @@ class ProducerSpec:
         return self.batch_size * self.sample_nbytes + self.labels_nbytes
 
     @property
-    def _mean_record(self) -> float:
-        return self.db.image_bytes / max(1, self.db.num_records)
-
-    @property
     def tail_nbytes(self) -> int:
         """Bytes after the samples region: 1 MiB, plus whatever ``1.25x`` a mean batch of
         records (a sum of 256 record sizes rarely strays 10 % from its mean) needs beyond
         80 % of the samples region (small outputs, large JPEGs)."""
-        excess = self._mean_record + 64 - 0.8 * self.sample_nbytes
+        excess = self.mean_record + 64 - 0.8 * self.sample_nbytes
         return (1 << 20) + int(1.25 * self.batch_size * max(0.0, excess))
 
     @property
@@ -119,7 +111,7 @@ class ProducerSpec:
 # (~130 MB of shared memory at 2 workers x 2 batches ahead).
 
 
-def slot_views(buf: Any, spec: ProducerSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def slot_views(buf: Any, spec: BatchSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(labels[:n], samples[:n], the whole buffer as bytes) views into a batch buffer.
 
     The views hold an export of ``buf`` (``np.frombuffer``) for as long as they, or
@@ -195,7 +187,7 @@ def _label(value: Any) -> int:
 _RUN = 16
 
 
-def decode_batch(spec: ProducerSpec, values: Sequence[Any], indices: Sequence[int],
+def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
                  labels: np.ndarray, samples: np.ndarray, rng: np.random.Generator
                  ) -> list[bytes] | None:
     """Parse each record value; write labels (after ``target_transform``; for "any"
@@ -253,12 +245,12 @@ def _finish(fused: Any, run: list[tuple[int, Any, Any]], samples: np.ndarray) ->
 
 
 def record_error(e: Exception, idx: int, path: Any) -> RecordError:
-    """A :class:`RecordError` for ``e``, raised while processing record ``idx``."""
-    where = f"record {idx}" + (f" ({path})" if path else "")
-    return RecordError(f"{where}: {type(e).__name__}: {e}", idx, traceback.format_exc())
+    """A :class:`RecordError` for ``e``, raised while processing record ``idx`` (call it
+    in the ``except`` block: NOTE [ one error contract ] in :mod:`seqloader.errors`)."""
+    return RecordError.of(e, idx, path)
 
 
-def _generic(spec: ProducerSpec, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
+def _generic(spec: BatchSpec, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
     from ..transforms import decode_rgb
 
     # stored pixels: a writable copy, as a decoded image would be (a transform may write it)

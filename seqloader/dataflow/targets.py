@@ -4,7 +4,7 @@ their collation into a batch.
 NOTE [ target region ]
 With ``target_kind == "any"`` (NOTE [ targets ] in ``seqloader/format/targets.py``) the
 labels region at the front of a batch buffer (NOTE [ batch buffer layout ] in
-``batch.py``) is not ``int64 x B`` but :attr:`ProducerSpec.labels_nbytes` bytes: the
+``batch.py``) is not ``int64 x B`` but :attr:`BatchSpec.labels_nbytes` bytes: the
 decoder writes the batch's targets there -- after ``target_transform``, msgpack-packed
 as records store them, behind an 8-byte length -- and the caller unpacks them while it
 holds the buffer.  The pool's messages and the buffers' handover do not change: only
@@ -124,7 +124,7 @@ def collate_batch(batch: tuple[Any, Any], targets: list[Any] | None,
 
 
 def spec_fields(db: Any, batch_size: int, target_transform: Callable | None) -> dict[str, Any]:
-    """The :class:`~seqloader.dataflow.batch.ProducerSpec` fields for ``db``'s targets:
+    """The :class:`~seqloader.dataflow.batch.BatchSpec` fields for ``db``'s targets:
     its kind and, for "any" targets, the region size from its first record's target
     after ``target_transform`` (NOTE [ target region ])."""
     kind = db.metas[0].target_kind

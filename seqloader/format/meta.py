@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..errors import FormatError, IncompleteError
+from ..errors import EmptyDatabaseError, FormatError, IncompleteError
 from .checksum import CHECKSUM_ALGORITHM, HASHES
 from .keys import META_KEY
 from .targets import TARGET_KINDS
@@ -30,10 +30,6 @@ PLAIN_VERSION = 2
 #: Values of ``Meta.image_format``: encoded images (JPEG), or decoded pixels.
 IMAGE_FORMATS = ("jpeg", "pixels")
 
-
-class EmptyDatabaseError(FormatError):
-    """A complete database with no records (older writers left one when every source
-    image of a split was undecodable); nothing can be read from it."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ NOTE [ the epoch plan ]
    Evaluation (not ``even``): slices differ by at most one record, every record
    is visited exactly once overall, and batch counts may differ by one.
 4. One reader per rank walks the rank's slice in order (long sequential reads,
-   see NOTE [ one reader per rank ] in :mod:`seqloader.dataflow.feeder`), shuffles it
+   see NOTE [ one reader per rank ] in :mod:`seqloader.dataflow.reading`), shuffles it
    locally (:mod:`seqloader.dataflow.shuffle`, seeded by (seed, epoch, rank)) and cuts it
    into batches of ``batch_size`` (the last one smaller, or dropped with
    ``drop_last``: at most ``batch_size - 1`` records of the rank's slice).

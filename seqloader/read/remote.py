@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ..errors import RemoteError
 from .direct import DirectStream, Part
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -57,9 +58,6 @@ def safe_url(url: str) -> str:
     m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)(?:[^/@]*@)?([^?#]*)", url)
     return (m.group(1) + m.group(2)) if m else url.split("?", 1)[0]
 
-
-class RemoteError(OSError):
-    """A remote read failed for good (after retries, or a permanent error)."""
 
 
 class RemoteChangedError(RemoteError):

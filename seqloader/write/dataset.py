@@ -37,7 +37,7 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from ..dataflow.ordered import ordered_process_map
+from ..dataflow.imap import process_map
 from ..format.meta import Meta
 from ..format.files import db_name
 from ..format.keys import encode_key
@@ -142,7 +142,7 @@ def _fetch_map(dataset: Any, workers: int):
     def fetch(positions: range, order: np.ndarray):
         items = ((pos, int(order[pos])) for pos in positions)
         if workers > 1 and hasattr(os, "fork"):
-            return ordered_process_map(_prepare_index, items, workers=workers)
+            return process_map(_prepare_index, items, workers=workers)
         return map(_prepare_index, items)
     return fetch
 
@@ -159,7 +159,7 @@ class _Spill:
     def fill(self, dataset: Iterable, workers: int, progress: bool, split: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         it = enumerate(dataset)
-        prepared = (ordered_process_map(_prepare_item, it, workers=workers)
+        prepared = (process_map(_prepare_item, it, workers=workers)
                     if workers > 1 and hasattr(os, "fork") else map(_prepare_item, it))
         with open(self.path, "wb") as f, tqdm(unit="img", desc=f"{split} (read)",
                                                disable=not progress, dynamic_ncols=True) as bar:

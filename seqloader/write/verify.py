@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,7 +18,9 @@ from ..format.records import unpack_record
 from ..errors import FormatError
 from ..read.pages import address, map_base
 from .prepare import check_stored
-from ..dataflow.ordered import ordered_map, ordered_process_map
+from ..dataflow.imap import named_errors, process_map
+from ..dataflow.ordered import ordered_map
+from ..errors import WorkerDiedError
 
 __all__ = ["VerifyResult", "verify_database"]
 
@@ -91,11 +92,17 @@ def _forked(workers: int) -> bool:
     return workers > 1 and hasattr(os, "fork")
 
 
+def _where(item: tuple) -> tuple[int, str]:
+    return item[0], item[1]
+
+
 def _map(items: Iterator[tuple], workers: int) -> Iterator[tuple[bytes, bytes, str | None, int]]:
-    """:func:`_check` over ``items`` in order (see :func:`_forked`)."""
+    """:func:`_check` over ``items`` in order (see :func:`_forked`); an exception in a
+    check raises :class:`~seqloader.errors.RecordError` naming the record and its file
+    (a damaged record is a result, not an exception)."""
     if _forked(workers):
-        return ordered_process_map(_check, items, workers=workers, slot_bytes=0)
-    return ordered_map(_check, items, workers=workers)
+        return process_map(_check, items, workers=workers, slot_bytes=0, where=_where)
+    return ordered_map(named_errors(_check, _where), items, workers=workers)
 
 
 def verify_database(path: str | Path, split: str | None = None, *, workers: int | None = None,
@@ -165,10 +172,10 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                         checksum = chain_checksum(checksum, key, digest, meta.checksum_algorithm)
                         expect += 1
                         bar.update(1)
-                except BrokenProcessPool:
+                except WorkerDiedError as e:
                     res.problems.append(f"{p}: a verify worker died reading record {offset + expect} "
                                         "or the next few (the file is damaged: re-copy or "
-                                        "re-create it)")
+                                        f"re-create it) [{e}]")
         finally:
             close_env(env)
         if misplaced:

@@ -48,7 +48,6 @@ import sys
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,17 +65,14 @@ from ..format.files import bad_files_path, is_shard_name, shard_files, shard_pat
 from ..errors import FormatError
 from ..read.pages import PAGE as _PAGE, address, map_base, unmap
 from .prepare import JPEGTRAN_HELP, prepare_image
-from ..dataflow.ordered import ordered_map, ordered_process_map
+from ..dataflow.imap import named_errors, process_map
+from ..dataflow.ordered import ordered_map
 from .scan import Scan
-from ..errors import BadImageError
+from ..errors import BadImageError, NoRecordsError, WorkerDiedError
 
 __all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "NoRecordsError",
            "write_split", "write_order"]
 
-
-class NoRecordsError(ValueError):
-    """Not one source image of a split could be stored (all undecodable or unreadable):
-    no database is left, only its bad-files report."""
 
 
 @dataclass
@@ -416,17 +412,25 @@ class _ShardWriter:
 
     def _prepared(self, positions: range):
         """``_prepare`` over ``positions`` in order: threads when only reading (I/O), forked
-        processes when decoding (see :func:`~seqloader.dataflow.ordered.ordered_process_map`): one
-        per core plus one, which keeps the cores busy while a decoder waits for this
-        process (measured: 6.0-6.2 s for 10,000 images against 6.2-6.4 s with one
-        per core)."""
+        processes when decoding (:func:`~seqloader.dataflow.imap.process_map`): one per
+        core plus one, which keeps the cores busy while a decoder waits for this process
+        (measured: 6.0-6.2 s for 10,000 images against 6.2-6.4 s with one per core).
+        An unexpected exception (not a bad image: those are bad-files rows) raises
+        :class:`~seqloader.errors.RecordError` naming the position and source file, in
+        threads and processes alike."""
         global _ACTIVE
         opt = self.opt
-        if not (opt.verify or opt.max_size or opt.image_format == "pixels") or os.cpu_count() == 1 or not hasattr(os, "fork"):
-            return ordered_map(self._prepare, positions, workers=opt.workers)
+        if (not (opt.verify or opt.max_size or opt.image_format == "pixels")
+                or os.cpu_count() == 1 or not hasattr(os, "fork")):
+            return ordered_map(named_errors(self._prepare, self._where), positions,
+                               workers=opt.workers)
         _ACTIVE = self
-        return ordered_process_map(_prepare_active, positions,
-                                   workers=min(opt.workers, (os.cpu_count() or 1) + 1))
+        return process_map(_prepare_active, positions, where=self._where,
+                           workers=min(opt.workers, (os.cpu_count() or 1) + 1))
+
+    def _where(self, pos: int) -> tuple[int, str]:
+        """(position in the write order, source file) of ``pos``, for errors."""
+        return pos, str(self.scan.root / self.scan.paths[int(self.order[pos])])
 
     def _commit(self, env: lmdb.Environment, pending: list[tuple[bytes, bytes]], meta: Meta) -> None:
         while True:
@@ -513,11 +517,12 @@ class _ShardWriter:
         """Write (or finish writing) this shard from source positions [start, stop)."""
         try:
             return self._run(start, stop)
-        except BrokenProcessPool as e:
-            raise RuntimeError(f"{self.partial}: a decode worker process died (killed by the "
-                               "out-of-memory killer or a signal? see `dmesg`); what was "
-                               "committed is kept: re-run the same command to resume (with "
-                               "fewer --workers if memory is short)") from e
+        except WorkerDiedError as e:
+            raise type(e)(f"{self.partial}: a decode worker process died (killed by the "
+                          "out-of-memory killer or a signal? see `dmesg`); what was "
+                          "committed is kept: re-run the same command to resume (with "
+                          f"fewer --workers if memory is short) [{e}]", worker=e.worker,
+                          pid=e.pid, exitcode=e.exitcode) from e
         except (lmdb.Error, OSError) as e:
             if isinstance(e, (FileExistsError, FileNotFoundError, IsADirectoryError)):
                 raise  # (our own messages, or a path error that names the path)

@@ -1,0 +1,108 @@
+"""The feed thread of a :class:`~seqloader.dataflow.pool.WorkerPool`: it pulls the
+batches of encoded records from the reader stages, copies each into a free
+shared-memory slot and hands it to its worker (NOTE [ worker lifecycle ])."""
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
+
+from ..read.plan import EpochPlan
+from .batch import slot_views
+
+if TYPE_CHECKING:
+    from .pool import WorkerPool
+
+__all__ = ["Feed", "FeedThread", "Stopped"]
+
+
+class Stopped(Exception):
+    """Raised by a feed's ``batches`` when its ``stop`` event is set (checked at every
+    record, so a reader filling a shuffle buffer from a slow disk stops promptly)."""
+
+
+class Feed(Protocol):
+    """What a feed thread reads from (``BatchData`` over the reader stages)."""
+
+    def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True,
+                stop: Any = None) -> Iterator[tuple[int, list[tuple[int, memoryview]]]]: ...
+
+    def copy_into(self, value: memoryview, out: memoryview) -> None: ...
+
+
+class FeedThread(threading.Thread):
+    """Feeds the batches of ``plan`` from ``first`` on, then those of each plan
+    :meth:`extend` adds (the next epochs), into free buffers and to their workers.
+    Uses only the pool's public :meth:`~WorkerPool.slot_buffer`, :meth:`~WorkerPool.submit`
+    and :attr:`~WorkerPool.generation`."""
+
+    def __init__(self, pool: "WorkerPool", feed: Feed, plan: EpochPlan, first: int,
+                 free: "queue.Queue[int]"):
+        super().__init__(name="seqloader-reader", daemon=True)
+        self.pool, self.feed, self.free = pool, feed, free
+        self.todo: list[tuple[EpochPlan, int]] = [(plan, first)]
+        self.finished = False
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        self.error: tuple[BaseException, str] | None = None
+        self.error_epoch: int | None = None  # the epoch being read when it failed
+
+    def extend(self, plan: EpochPlan) -> bool:
+        """Read ``plan`` (from its first batch) after the plans given so far; False if
+        this thread has already finished them (start another)."""
+        with self._lock:
+            if self.finished:
+                return False
+            self.todo.append((plan, 0))
+            return True
+
+    def _slot(self) -> int | None:
+        while not self.stop.is_set():
+            try:
+                return self.free.get(timeout=0.2)
+            except queue.Empty:
+                pass
+        return None
+
+    def run(self) -> None:
+        gen = self.pool.generation
+        plan = None
+        try:
+            while True:
+                with self._lock:
+                    if not self.todo or self.stop.is_set():
+                        self.finished = True
+                        return
+                    plan, first = self.todo.pop(0)
+                if not self._feed(plan, first, gen):
+                    return
+        except Stopped:  # stopped while reading (e.g. filling the shuffle buffer)
+            return
+        except BaseException as e:  # reported by the consumer, with this traceback
+            self.error_epoch = None if plan is None else plan.epoch
+            self.error = (e, traceback.format_exc())
+        finally:
+            with self._lock:
+                self.finished = True
+
+    def _feed(self, plan: EpochPlan, first: int, gen: int) -> bool:
+        pool, spec = self.pool, self.pool.spec
+        copy_into = self.feed.copy_into
+        for j, recs in self.feed.batches(plan, first, release=False, stop=self.stop):
+            slot = self._slot()
+            if slot is None:
+                return False
+            _, _, whole = slot_views(pool.slot_buffer(slot), spec, 0)
+            start = spec.input_start([len(v) for _, v in recs])
+            offsets, inline = [start], None
+            if start is not None:  # NOTE [ batch buffer layout ]
+                for _, v in recs:  # pread from the page cache: maps no file pages
+                    copy_into(v, whole[offsets[-1]:offsets[-1] + len(v)])
+                    offsets.append(offsets[-1] + len(v))
+            else:
+                inline = [bytes(v) for _, v in recs]
+            del whole
+            pool.submit(plan.worker_of(j), ("batch", gen, plan.epoch, j, slot, len(recs),
+                                            offsets, [i for i, _ in recs], inline))
+        return True

@@ -1,0 +1,161 @@
+"""``MultiProcessMapAndBatchData``: decode a planned ``BatchData``'s batches of encoded
+records in worker processes, straight into shared-memory batch buffers -- the Loader's
+engine (NOTE [ planned stages ], NOTE [ worker lifecycle ])."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..read.plan import EpochPlan
+from .base import DataFlow, ProxyDataFlow
+from . import targets as _targets
+from .batch import BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
+
+__all__ = ["MultiProcessMapAndBatchData", "batch_spec"]
+
+
+def batch_spec(df: Any, transform: Callable | None, target_transform: Callable | None = None,
+               output: str = "float") -> tuple[BatchSpec, Any]:
+    """The workers' spec for batches of the planned ``df`` and the device normalisation
+    that ``output="uint8"`` leaves to the caller (or None).  ``transform=None``: raw mode.
+    A plain transform is run on record 0 here to learn the sample shape (a failure
+    there raises :class:`~seqloader.errors.RecordError` naming record 0)."""
+    if output not in ("float", "uint8"):
+        raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
+    src = df.source
+    db, s = src.db, src.plan_spec
+    common = dict(batch_size=s.batch_size, seed=s.seed, rank=s.rank,
+                  target_transform=target_transform,
+                  mean_record=db.image_bytes / max(1, db.num_records),
+                  # HOOK [ any targets ]: target kind and region (NOTE [ target region ])
+                  **_targets.spec_fields(db, s.batch_size, target_transform))
+    if transform is None:
+        return BatchSpec(mode="raw", sample_shape=(0,), sample_dtype="uint8", **common), None
+    from ..transforms import adapt, compile_fused, decode_rgb
+
+    fused = compile_fused(transform, output=output)
+    normalize = None
+    if output == "uint8":
+        if fused is None:
+            raise ValueError("output='uint8' needs a standard seqloader recipe (RandomResizedCrop "
+                             "or Resize+CenterCrop, optional flip, ToTensor, Normalize) to move "
+                             "normalisation to the device; use output='float' for this transform")
+        normalize = fused.device_normalize()
+    if fused is not None:
+        return BatchSpec(mode="decode", fused=fused, sample_shape=tuple(fused.out_shape),
+                         sample_dtype=np.dtype(fused.out_dtype).name, **common), normalize
+    fn = adapt(transform)
+    rec = db.first_record()  # infer the sample shape from record 0
+    try:
+        with callers_rngs_kept():
+            img = (decode_rgb(rec.image) if rec.shape is None  # HOOK [ stored pixels ]
+                   else np.frombuffer(rec.image, np.uint8).reshape(rec.shape).copy())
+            sample = np.asarray(fn(img, batch_rng(s.seed, 0, s.rank, 0)))
+    except Exception as e:  # named like every other record's failure
+        raise record_error(e, 0, rec.path) from e
+    return BatchSpec(mode="decode", transform=fn, sample_shape=sample.shape,
+                     sample_dtype=sample.dtype.name, **common), None
+
+
+class MultiProcessMapAndBatchData(ProxyDataFlow):
+    """Apply ``transform`` to the records of each batch of ``df`` (a
+    :class:`~seqloader.dataflow.stages.BatchData` over the reader stages) in
+    ``num_workers`` processes, writing each batch straight into a shared-memory buffer.
+
+    Yields ``[images, labels]`` per batch: ``images`` an array of ``[B, *sample_shape]``
+    (``transform`` gets an HWC uint8 RGB array, seqloader transforms also a seeded
+    ``rng``, and returns a fixed-shape array) or, with ``transform=None``, the list of
+    encoded images; ``labels`` int64 (after ``target_transform``).  The order, the
+    augmentation draws and the errors do not depend on ``num_workers`` (0: in this
+    process): :class:`~seqloader.errors.RecordError` names the failing record.  A dead
+    or stuck (``timeout`` s) worker raises :class:`~seqloader.errors.WorkerDiedError`.
+    Workers start at the first iteration and persist until :meth:`close`."""
+
+    def __init__(self, df: DataFlow, num_workers: int, transform: Callable | None = None, *,
+                 target_transform: Callable | None = None, output: str = "float",
+                 prefetch: int = 2, timeout: float = 0, start_method: str | None = None,
+                 read_ahead: bool = True):
+        if df.source is None or not hasattr(df, "batches"):
+            raise TypeError("MultiProcessMapAndBatchData reads a BatchData over LMDBData (and "
+                            "optionally LocallyShuffleData); for other stages use "
+                            "MultiProcessMapData and BatchData")
+        super().__init__(df)
+        self.source = df.source
+        self.num_workers, self.transform = num_workers, transform
+        self.target_transform, self.output = target_transform, output
+        self.prefetch, self.timeout, self.start_method = prefetch, timeout, start_method
+        self.read_ahead = read_ahead
+        self.source.replan(num_workers=max(1, num_workers))
+        self._spec: BatchSpec | None = None
+        self.device_normalize: Any = None
+        self.pool: Any = None
+
+    @property
+    def spec(self) -> BatchSpec:
+        if self._spec is None:
+            self._spec, self.device_normalize = batch_spec(self.df, self.transform,
+                                                           self.target_transform, self.output)
+        return self._spec
+
+    @property
+    def in_process(self) -> bool:
+        """Batches are made in this process: raw mode (nothing to decode) or no workers."""
+        return self.spec.mode == "raw" or self.num_workers == 0
+
+    def reset_state(self) -> None:
+        # records that are only copied into buffers need no mapped pages (NOTE [ fault or pread ])
+        self.source.fault_in = self.in_process
+        super().reset_state()
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return self.df.plan(epoch)
+
+    def run(self, epoch: int, first: int = 0
+            ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray], list | None, int | None]]:
+        """Yield ``(j, n, (labels, samples) views, raw, slot)`` for batches ``j >= first``
+        of ``epoch``: the views are valid until the next item (unless the caller leases
+        ``slot`` from :attr:`pool`); ``raw`` is the encoded images in raw mode."""
+        plan = self.plan(epoch)
+        spec = self.spec
+        if self.in_process:
+            yield from self._in_process(spec, plan, first)
+            return
+        if self.pool is None:
+            from .pool import WorkerPool
+            self.pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
+                                   start_method=self.start_method, timeout=self.timeout)
+        # the workers go on into the next epoch (the one that follows unless the next
+        # run asks for another; then that work is cancelled)
+        ahead = self.plan(epoch + 1) if self.read_ahead else None
+        for j, n, views, slot in self.pool.epoch(plan, self.df, first, ahead):
+            yield j, n, views, None, slot
+
+    def _in_process(self, spec: BatchSpec, plan: EpochPlan, first: int):
+        B = spec.batch_size
+        labels = _targets.target_region(spec.target_kind, spec.labels_nbytes)  # HOOK [ any targets ]
+        samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
+        for j, recs in self.df.batches(plan, first):
+            n = len(recs)
+            with callers_rngs_kept() if spec.transform is not None else contextlib.nullcontext():
+                region = _targets.region_view(spec.target_kind, labels, n)  # HOOK [ any targets ]
+                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], region,
+                                   samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
+            yield j, n, (region, samples[:n]), raw, None
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def __iter__(self) -> Iterator[list]:
+        return self.source.new_pass(self._copies)
+
+    def _copies(self, epoch: int) -> Iterator[list]:
+        for _, _, (labels, samples), raw, _ in self.run(epoch):
+            yield [raw if raw is not None else samples.copy(), labels.copy()]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        super().close()
