@@ -274,6 +274,9 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
     scratch = Path(scratch) if scratch is not None else out.with_name(out.name + ".scratch")
     if opt.overwrite and scratch.exists():
         shutil.rmtree(scratch)
+    done = None if (scratch / "state.json").exists() else _already_written(out, split, opt)
+    if done is not None:
+        return done
     bits, in_memory = _bits_for(source, opt, memory_budget)
     p1 = _Pass1(source, split, opt, bits, None if in_memory else scratch)
     try:
@@ -344,3 +347,45 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
     shutil.rmtree(scratch, ignore_errors=True)
     return report, classes
 
+
+
+def _already_written(out: Path, split: str, opt: WriteOptions
+                     ) -> tuple[WriteReport, list[str]] | None:
+    """The outputs of a finished run of this command (no scratch left), without reading
+    the source again; None unless all of them exist.  Their records' names are not
+    compared with the source (that needs a pass over it): options and split are."""
+    from .database import close_env, open_env, read_meta
+    from .format import FormatError, shard_path
+    from .writer import ShardResult
+
+    finals = [shard_path(out, k, opt.shards) for k in
+              (opt.shard_ids if opt.shard_ids is not None else range(opt.shards))]
+    if opt.overwrite or not all(f.exists() for f in finals):
+        return None
+    report, classes = WriteReport(split), []
+    for f in finals:
+        env = open_env(f)
+        try:
+            meta = read_meta(env, f, require_complete=False)
+        except FormatError:
+            meta = None
+        finally:
+            close_env(env)
+        w = (meta.writer or {}) if meta else {}
+        same = meta is not None and meta.complete and (
+            meta.split, meta.shuffled, meta.seed if meta.shuffled else None, meta.num_shards,
+            w.get("verify"), w.get("max_size"), bool(w.get("restart_markers"))) == (
+            split, opt.shuffle, opt.seed if opt.shuffle else None, opt.shards, opt.verify,
+            opt.max_size, opt.restart_markers)
+        if not same:
+            raise FileExistsError(f"{f} already exists and was not written by this command "
+                                  "(another split, seed or options, or unfinished); pass "
+                                  "--overwrite to replace it, or choose another output folder")
+        if opt.strict and meta.bad_files:
+            raise FileExistsError(f"{f} was written without --strict and skipped "
+                                  f"{len(meta.bad_files)} bad file(s); pass --overwrite to write "
+                                  "it again with --strict, or run without --strict to accept it")
+        classes = meta.classes
+        report.shards.append(ShardResult(f, meta.num_records, meta.image_bytes, meta.bad_files,
+                                         0.0, skipped=True))
+    return report, classes
