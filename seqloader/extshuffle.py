@@ -20,6 +20,9 @@ The scratch folder holds ``bucket-NNNN.bin`` (frames: key, source index, payload
 ``state.json`` (source cursor, record count, every file's length, the classes seen)
 is replaced atomically.  A resume truncates every file to its recorded length and
 continues from the cursor, so the files are exactly those of an uninterrupted pass.
+Synced scratch pages are dropped from the page cache (as the writer's output is,
+NOTE [ drop-behind ] in writer.py): a split worth two passes does not fit in memory,
+so keeping them would only evict what other jobs on the host have cached.
 """
 from __future__ import annotations
 
@@ -138,6 +141,8 @@ class _Pass1:
         for f in (*self.buckets, self.index):
             f.flush()
             os.fsync(f.fileno())
+            if hasattr(os, "posix_fadvise"):  # not read again before pass 2: see below
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         st["buckets"] = [f.tell() for f in self.buckets]
         st["index"] = self.index.tell()
         _sync_write(self.scratch / "state.json", json.dumps(st))
