@@ -33,7 +33,8 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                    help="split folders to convert (default: train and val, where present)")
     p.add_argument("--val-labels", metavar="FILE",
                    help="labels for a flat val/ folder or val tar: 'filename wnid' or 'filename "
-                        "index' lines, or CSV such as Kaggle's LOC_val_solution.csv")
+                        "index' lines, CSV such as Kaggle's LOC_val_solution.csv, or (val "
+                        "tar, with scipy installed) ILSVRC2012_devkit_t12.tar.gz")
     p.add_argument("--split", help="the split of the archive files given (default: from "
                                    "their names, e.g. ILSVRC2012_img_train.tar is train)")
     p.add_argument("--memory-budget", type=_size, metavar="SIZE", default=None,

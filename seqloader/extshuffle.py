@@ -214,8 +214,16 @@ class _Pass1:
             bar.close()
 
 
-def _frames(f, limit: int) -> Iterator[tuple[int, int, bytes]]:
-    """(key, source index, payload) of a bucket's first ``limit`` bytes."""
+def _frames(f, limit: int) -> Iterator[tuple[int, int, bytes | memoryview]]:
+    """(key, source index, payload) of a bucket's first ``limit`` bytes; views into an
+    in-memory bucket (no second copy of a split that fits the budget)."""
+    if isinstance(f, io.BytesIO):
+        buf, pos = f.getbuffer(), 0
+        while pos < limit:
+            key, src, n = _FRAME.unpack_from(buf, pos)
+            pos += _FRAME.size + n
+            yield key, src, buf[pos - n:pos]
+        return
     while f.tell() < limit:
         key, src, n = _FRAME.unpack(f.read(_FRAME.size))
         yield key, src, f.read(n)

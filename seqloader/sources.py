@@ -272,7 +272,8 @@ class FlatTar(TarSource):
         self.labels_file = Path(labels_file)
         if not self.labels_file.is_file():
             raise FileNotFoundError(f"labels file {self.labels_file} does not exist")
-        rows = _read_label_lines(self.labels_file)
+        rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
+            _TAR_SUFFIXES) else _read_label_lines(self.labels_file))
         if len(rows) > 1:
             tok = rows[0][2]  # a header such as "ImageId,PredictionString"
             if not (tok.isdigit() or (classes is not None and tok in classes)
@@ -303,6 +304,31 @@ class FlatTar(TarSource):
                 raise ValueError(f"{where}: image {name} has no line in {self.labels_file}; "
                                  "add its label (or use the labels file of this archive)")
             yield Item(name, label, _read(tf, m, where)), [tf.offset]
+
+
+def _devkit_rows(devkit: Path) -> list[tuple[int, str, str]]:
+    """(line, file name, WordNet id) of ImageNet's val images from the devkit tar
+    (``ILSVRC2012_devkit_t12.tar.gz``): ``data/ILSVRC2012_validation_ground_truth.txt``
+    gives each val image's ILSVRC2012_ID, ``data/meta.mat`` maps those ids to WordNet
+    ids; reading that MATLAB file needs scipy (optional)."""
+    try:
+        from scipy.io import loadmat
+    except ImportError:
+        raise ValueError(f"reading {devkit.name}'s meta.mat needs scipy (pip install scipy); "
+                         "or give --val-labels LOC_val_solution.csv (Kaggle) or a "
+                         "'filename wnid' file") from None
+    truth = meta = None
+    with tarfile.open(devkit) as tf:
+        for m in tf:
+            if m.name.endswith("data/ILSVRC2012_validation_ground_truth.txt"):
+                truth = tf.extractfile(m).read().decode().split()
+            elif m.name.endswith("data/meta.mat"):
+                meta = loadmat(io.BytesIO(tf.extractfile(m).read()), squeeze_me=True)
+    if truth is None or meta is None:
+        raise ValueError(f"{devkit} lacks data/ILSVRC2012_validation_ground_truth.txt or "
+                         "data/meta.mat; give the ILSVRC2012 devkit (devkit_t12)")
+    wnid = {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in meta["synsets"]}
+    return [(i, f"ILSVRC2012_val_{i:08d}.JPEG", wnid[int(t)]) for i, t in enumerate(truth, 1)]
 
 
 class WebDataset(TarSource):
