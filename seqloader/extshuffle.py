@@ -311,6 +311,8 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
             dup = Counter(names).most_common(1)[0][0]
             raise ValueError(f"{source.files[0]}: image {dup!r} is in the source more than once;"
                              " remove the duplicate (records need distinct names)")
+        if hasattr(source, "check_names"):
+            source.check_names(names)
         classes, labels = _resolve_labels([r[1] for r in raw], st["classes"], source)
         del raw
         n = len(names)

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import tarfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -287,6 +288,18 @@ class FlatTar(TarSource):
             if old != label:
                 raise ValueError(f"{self.labels_file}:{lineno}: {name} is labelled twice, "
                                  "differently")
+
+    def check_names(self, names: Sequence[str]) -> None:
+        """Warn about labels whose image was not in the archive (all records read)."""
+        found = set()
+        for n in names:
+            base = n.rsplit("/", 1)[-1]
+            found.update((base, os.path.splitext(base)[0]))
+        unused = [k for k in self.label_of if k not in found]
+        if unused:
+            warnings.warn(f"{self.labels_file}: {len(unused)} labelled image(s) are not in "
+                          f"{', '.join(f.name for f in self.files)} (e.g. {unused[:3]}); is "
+                          "this the labels file of these archives?", stacklevel=2)
 
     def identity(self) -> str:
         digest = hashlib.blake2b(self.labels_file.read_bytes(), digest_size=16).hexdigest()

@@ -146,12 +146,15 @@ def test_flat_val_tar_with_each_labels_format(synth_tree, train_tar, tmp_path, f
     assert got == [x for x in ok if x[0] not in bad]  # source (tar) order, unshuffled
 
 
-def test_flat_tar_image_without_label_is_named(synth_tree, tmp_path):
+def test_flat_tar_image_without_label_is_named_label_without_image_warned(synth_tree, tmp_path):
     tar, rows = _val_tar(synth_tree, tmp_path)
     labels = tmp_path / "labels.txt"
     labels.write_text("".join(f"{n} {c}\n" for n, c in rows[1:]))
     with pytest.raises(ValueError, match=rows[0][0]):
         _quiet(preprocess_sources, [tar], tmp_path / "out", val_labels=labels, options=_opts())
+    labels.write_text("".join(f"{n} {c}\n" for n, c in rows) + f"extra.JPEG {rows[0][1]}\n")
+    with pytest.warns(UserWarning, match="1 labelled image.*extra.JPEG"):
+        preprocess_sources([tar], tmp_path / "out2", val_labels=labels, options=_opts())
 
 
 def test_webdataset_shards_with_cls_and_json(synth_tree, tmp_path):
