@@ -372,3 +372,14 @@ def test_too_small_budget_and_another_commands_scratch_are_refused(train_tar, tm
     _quiet(write_source, open_source([train_tar]), out, "train", _opts(overwrite=True),
            memory_budget=60_000)
     assert out.exists() and not scratch.exists()
+
+
+def test_memory_budget_sizes_parse_and_bad_ones_are_usage_errors(capsys):
+    from seqloader.cli import _size, main
+
+    assert (_size("4G"), _size("512M"), _size("1.5GiB"), _size("1000")) == (
+        4 << 30, 512 << 20, 3 << 29, 1000)
+    for bad in ("0", "-1G", "lots", "nan"):
+        with pytest.raises(SystemExit):
+            main(["preprocess", "x.tar", "out", "--memory-budget", bad])
+        assert "size" in capsys.readouterr().err
