@@ -34,6 +34,7 @@ import os
 import shutil
 import struct
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -45,7 +46,7 @@ from .format import Record, pack_record, record_digest
 from .images import prepare_image
 from .pool import ordered_process_map
 from .scan import Scan
-from .sources import ClassSeen, Item, Source
+from .sources import ClassSeen, Item, Source, close_files, read_item
 from .writer import BadImageError, WriteOptions, WriteReport, stored_name, write_split
 
 __all__ = ["write_source", "record_keys", "DEFAULT_MEMORY_BUDGET"]
@@ -73,10 +74,10 @@ def _prepare(item: tuple) -> tuple:
     """In a worker: an item's payload, ``[image, reencoded]`` or ``[None, reason]``."""
     if item[0] == "c":
         return item
-    src, name, label, cursor, data = item
+    src, name, label, cursor, data, loc = item
     o = _OPT
-    p = prepare_image(data, verify=o.verify, max_size=o.max_size, quality=o.quality,
-                      restart=o.restart_markers)
+    p = prepare_image(read_item(Item(name, label, data, loc)), verify=o.verify,
+                      max_size=o.max_size, quality=o.quality, restart=o.restart_markers)
     payload = [p.data, p.reencoded] if p.data is not None else [None, p.error or "unknown error"]
     return src, name, label, cursor, msgpack.packb(payload, use_bin_type=True)
 
@@ -165,7 +166,7 @@ class _Pass1:
                 if isinstance(ev, ClassSeen):
                     yield "c", ev.name, cursor
                 else:
-                    yield next(counter), ev.name, ev.label, cursor, ev.data
+                    yield next(counter), ev.name, ev.label, cursor, ev.data, ev.loc
 
         _OPT = opt  # (before the workers fork)
         if (opt.verify or opt.max_size or opt.restart_markers) and hasattr(os, "fork") and (
@@ -208,6 +209,7 @@ class _Pass1:
                     bar.set_postfix_str(f"{st['records']:,} images, {st['bad']} bad")
             self._commit(done=True)
         finally:
+            close_files()
             close = getattr(results, "close", None)
             if close is not None:
                 close()
@@ -264,12 +266,13 @@ def _bits_for(source: Source, opt: WriteOptions, budget: int) -> tuple[int, bool
         return 0, True
     if not opt.shuffle:
         return 0, False
-    bits = max(1, math.ceil(math.log2(size * 1.25 / budget)))
+    # two buckets in memory at a time (NOTE [ pass-2 read-ahead ]), 1.25x for uneven sizes
+    bits = max(1, math.ceil(math.log2(size * 2.5 / budget)))
     if bits > _MAX_BITS:
         raise ValueError(f"--memory-budget {budget / 2**30:.2f} GiB is too small for "
                          f"{size / 2**30:.1f} GiB of source: it needs more than "
                          f"{1 << _MAX_BITS} bucket files; give at least "
-                         f"{size * 1.25 / (1 << _MAX_BITS) / 2**30:.2f} GiB")
+                         f"{size * 2.5 / (1 << _MAX_BITS) / 2**30:.2f} GiB")
     return bits, False
 
 
@@ -325,29 +328,39 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
         starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
         lengths = [f.seek(0, 2) for f in p1.buckets]
 
+        def load(b: int):
+            f = p1.buckets[b]
+            f.seek(0)
+            frames = _frames(f, lengths[b])
+            return sorted(frames, key=lambda fr: (fr[0], fr[1])) if opt.shuffle else frames
+
         def feed(positions: range) -> Iterator[tuple[int, bytes | None, bytes | str]]:
-            for b in range(1 << bits):
-                lo, hi = starts[b], starts[b + 1]
-                if hi <= positions.start or lo >= positions.stop:
+            wanted = [b for b in range(1 << bits)
+                      if starts[b + 1] > positions.start and starts[b] < positions.stop]
+            # NOTE [ pass-2 read-ahead ]: the next bucket is read (and sorted) while this
+            # one is written, so the disk reads while the writer works: two buckets in memory
+            with ThreadPoolExecutor(1, thread_name_prefix="seqloader-bucket") as ex:
+                nxt = ex.submit(load, wanted[0]) if wanted else None
+                for j, b in enumerate(wanted):
+                    frames = nxt.result()
+                    if j + 1 < len(wanted):
+                        nxt = ex.submit(load, wanted[j + 1])
+                    yield from emit(positions, starts[b], frames)
+
+        def emit(positions: range, lo: int, frames) -> Iterator[tuple]:
+            for pos, (_, src, payload) in enumerate(frames, lo):
+                if pos >= positions.stop:
+                    break
+                if pos < positions.start:
                     continue
-                f = p1.buckets[b]
-                f.seek(0)
-                frames = _frames(f, lengths[b])
-                if opt.shuffle:
-                    frames = iter(sorted(frames, key=lambda fr: (fr[0], fr[1])))
-                for pos, (_, src, payload) in enumerate(frames, lo):
-                    if pos >= positions.stop:
-                        break
-                    if pos < positions.start:
-                        continue
-                    assert src == order[pos], (src, pos)  # invariant: buckets are key ranges
-                    image, extra = msgpack.unpackb(payload, raw=False)
-                    if image is None:
-                        yield pos, None, extra
-                        continue
-                    value = pack_record(Record(image, int(labels[src]), stored_name(names[src])
-                                               if opt.store_paths else None, extra))
-                    yield pos, value, record_digest(value)
+                assert src == order[pos], (src, pos)  # invariant: buckets are key ranges
+                image, extra = msgpack.unpackb(payload, raw=False)
+                if image is None:
+                    yield pos, None, extra
+                    continue
+                value = pack_record(Record(image, int(labels[src]), stored_name(names[src])
+                                           if opt.store_paths else None, extra))
+                yield pos, value, record_digest(value)
 
         present = set(labels.tolist())
         scan = Scan(source.root_label(), classes, names, labels,

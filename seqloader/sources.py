@@ -34,7 +34,8 @@ from typing import Iterator, Sequence
 
 from .scan import _read_label_lines, is_image_file
 
-__all__ = ["Item", "ClassSeen", "Source", "TarSource", "open_source", "source_kind"]
+__all__ = ["Item", "ClassSeen", "Source", "TarSource", "open_source", "source_kind", "read_item",
+           "close_files"]
 
 #: Read-ahead of archive files: large requests keep a disk streaming (a 128 KB
 #: request per seek would be ~10 % of an HDD's bandwidth).
@@ -51,7 +52,48 @@ class Item:
 
     name: str
     label: int | str
-    data: bytes
+    data: bytes | None
+    #: where ``data`` lies in an uncompressed archive, ``(path, offset, size)``, when the
+    #: source leaves reading it to whoever prepares the item (NOTE [ data by location ])
+    loc: tuple[str, int, int] | None = None
+
+
+# NOTE [ data by location ]
+# The images of an uncompressed tar are not handed to the decode workers as bytes
+# (pickled through a pipe: four copies of every image, and the main process's time):
+# the source gives their location, and a worker reads them with ``pread``.  The main
+# process's large sequential reads of the tar's headers, and the kernel's read-ahead,
+# have just brought those pages into the page cache, so the disk is still read once,
+# in order.
+
+
+def read_item(item: Item) -> bytes:
+    """The bytes of ``item``: its data, or read from its location."""
+    if item.data is not None:
+        return item.data
+    path, offset, size = item.loc
+    return read_at(path, offset, size)
+
+
+_FDS: dict[str, int] = {}
+
+
+def read_at(path: str, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``path`` at ``offset`` (descriptors cached per process)."""
+    fd = _FDS.get(path)
+    if fd is None:
+        fd = _FDS[path] = os.open(path, os.O_RDONLY)
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise ValueError(f"{path}: {len(data)} of {size} bytes at offset {offset}: the archive "
+                         "was cut short while being read")
+    return data
+
+
+def close_files() -> None:
+    """Close the descriptors :func:`read_at` opened in this process."""
+    while _FDS:
+        os.close(_FDS.popitem()[1])
 
 
 @dataclass
@@ -183,6 +225,7 @@ class TarSource(Source):
         for k in range(start_file, len(self.files)):
             path = self.files[k]
             f, raw = _open_archive(path)
+            self._direct = None if isinstance(f, gzip.GzipFile) else str(path)
             base = sum(self._file_sizes[:k])
             try:
                 sub = cursor[1:] if cursor and k == start_file else []
@@ -196,6 +239,14 @@ class TarSource(Source):
 
     def _file_events(self, k: int, f, sub: list, where: str):
         raise NotImplementedError
+
+    def _item(self, name: str, label: int | str, tf: tarfile.TarFile, m: tarfile.TarInfo,
+              where: str, base: int | None = 0) -> Item:
+        """An item whose data is located (NOTE [ data by location ]) where the member is
+        stored as is at ``base + m.offset_data`` of the file, else read now."""
+        if self._direct is not None and base is not None and m.sparse is None:
+            return Item(name, label, None, (self._direct, base + m.offset_data, m.size))
+        return Item(name, label, _read(tf, m, where))
 
 
 class TreeTar(TarSource):
@@ -225,7 +276,7 @@ class TreeTar(TarSource):
                 raise ValueError(f"{where}: image {m.name} is not inside a class folder; a tar "
                                  "of a class tree holds class/image paths (for flat images "
                                  "give their labels with --val-labels)")
-            yield Item("/".join(parts), parts[0], _read(tf, m, where)), [tf.offset]
+            yield self._item("/".join(parts), parts[0], tf, m, where), [tf.offset]
 
 
 class TarOfTars(TarSource):
@@ -248,14 +299,14 @@ class TarOfTars(TarSource):
             else:
                 start, resume = resume, None
             inner_where = f"{where}:{m.name}"
-            inner = outer.extractfile(m)
-            if m.name.lower().endswith((".gz", ".tgz")):
-                inner = gzip.GzipFile(fileobj=inner, mode="rb")
+            inner, base = outer.extractfile(m), m.offset_data
+            if m.name.lower().endswith((".gz", ".tgz")) or m.sparse is not None:
+                inner, base = gzip.GzipFile(fileobj=inner, mode="rb"), None
             tf = _tar_at(inner, start, inner_where)
             for im in _members(tf, inner_where):
                 name = _clean(im.name).rsplit("/", 1)[-1]
                 if im.isfile() and is_image_file(name):
-                    yield (Item(f"{cls}/{name}", cls, _read(tf, im, inner_where)),
+                    yield (self._item(f"{cls}/{name}", cls, tf, im, inner_where, base),
                            [m.offset, tf.offset])
             outer.offset = after
 
@@ -316,7 +367,7 @@ class FlatTar(TarSource):
             if label is None:
                 raise ValueError(f"{where}: image {name} has no line in {self.labels_file}; "
                                  "add its label (or use the labels file of this archive)")
-            yield Item(name, label, _read(tf, m, where)), [tf.offset]
+            yield self._item(name, label, tf, m, where), [tf.offset]
 
 
 def _devkit_rows(devkit: Path) -> list[tuple[int, str, str]]:

@@ -565,8 +565,10 @@ class _ShardWriter:
             pending, pending_bytes = [], 0
 
         try:
-            prepared = self.feed(positions) if self.feed else self._prepared(positions)
-            for pos, value, digest in prepared:
+            # (not bound to a name: an exception must free the generator, and with it the
+            # decode processes, which hold the lock -- a traceback keeps the frame's locals)
+            for pos, value, digest in (self.feed(positions) if self.feed
+                                       else self._prepared(positions)):
                 if value is None:
                     path = self.scan.paths[int(self.order[pos])]
                     if opt.strict:
