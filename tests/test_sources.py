@@ -383,3 +383,15 @@ def test_memory_budget_sizes_parse_and_bad_ones_are_usage_errors(capsys):
         with pytest.raises(SystemExit):
             main(["preprocess", "x.tar", "out", "--memory-budget", bad])
         assert "size" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_preprocess_tar_benchmark_runs_warm(synth_tree, tmp_path):
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "preprocess_tar.py"),
+                        str(synth_tree.root), str(tmp_path / "work"), "--skip-tree",
+                        "--json", str(tmp_path / "r.json")],
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads((tmp_path / "r.json").read_text())
+    assert r["run"] == "tar-verify-warm" and r["images"] == 48 and r["pass2_s"] > 0
