@@ -20,12 +20,31 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
     from .write.writer import WriteOptions
 
     d = WriteOptions()
-    p.add_argument("imagenet_dir", help="folder holding train/ and/or val/ class folders")
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="a folder holding train/ and/or val/ class folders; or archive files "
+                        "read sequentially once: ImageNet's ILSVRC2012_img_train.tar (a tar of "
+                        "per-class tars), ILSVRC2012_img_val.tar with --val-labels, a tar of "
+                        "class folders, webdataset shards (key.jpg + key.cls/.json), any of "
+                        "them gzip'd, or the original sequential loader's / tensorpack's LMDB "
+                        "files (their pickled records are read by a restricted unpickler that "
+                        "builds only numpy arrays and plain values and refuses anything else)")
     p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files")
     p.add_argument("--splits", nargs="+", metavar="SPLIT",
                    help="split folders to convert (default: train and val, where present)")
     p.add_argument("--val-labels", metavar="FILE",
-                   help="labels for a flat val/ folder: 'filename class' lines or CSV")
+                   help="labels for a flat val/ folder or val tar: 'filename wnid' or 'filename "
+                        "index' lines, CSV such as Kaggle's LOC_val_solution.csv, or (val "
+                        "tar, with scipy installed) ILSVRC2012_devkit_t12.tar.gz")
+    p.add_argument("--split", help="the split of the archive files given (default: from "
+                                   "their names, e.g. ILSVRC2012_img_train.tar is train)")
+    p.add_argument("--memory-budget", type=_size, metavar="SIZE", default=None,
+                   help="archives: memory for the shuffle (e.g. 4G, 512M; default 4G); a split "
+                        "larger than this is shuffled in two passes through --scratch")
+    p.add_argument("--scratch", metavar="DIR", help="archives: folder for the two-pass "
+                   "shuffle's buckets, about the split's size (default: the output folder); "
+                   "removed at the end")
+    p.add_argument("--class-names", metavar="FILE", help="archives labelled by index "
+                   "(tensorpack LMDB, webdataset .cls): one class name per line, in label order")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the train write order (%(default)s)")
     p.add_argument("--no-shuffle", action="store_true",
                    help="keep sorted (class-by-class) order for train too")
@@ -59,8 +78,26 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _size(text: str) -> int:
+    """``4G``, ``512M``, ``100000``: a number of bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        n = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 4G, 512M or 1000000")
+    if not n > 0 or n != n:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return int(n)
+
+
+def _is_folder_tree(sources: list[str]) -> bool:
+    p = Path(sources[0])
+    return len(sources) == 1 and p.is_dir() and not (p / "data.mdb").exists()
+
+
 def run_preprocess(args: argparse.Namespace) -> int:
-    from .write.preprocess import preprocess
+    from .write.preprocess import preprocess, preprocess_sources
     from .write.writer import WriteOptions
 
     opt = WriteOptions(seed=args.seed, shuffle=not args.no_shuffle, verify=not args.no_verify,
@@ -70,8 +107,22 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        shard_ids=args.shard_ids, workers=args.workers,
                        overwrite=args.overwrite, progress=not args.no_progress,
                        image_format=args.image_format, short_side=args.short_side)
-    for r in preprocess(args.imagenet_dir, args.lmdb_dir, splits=args.splits,
-                        val_labels=args.val_labels, options=opt):
+    if _is_folder_tree(args.sources):
+        reports = preprocess(args.sources[0], args.lmdb_dir, splits=args.splits,
+                             val_labels=args.val_labels, options=opt)
+    else:
+        if any(Path(s).is_dir() and not (Path(s) / "data.mdb").exists() for s in args.sources):
+            raise ValueError("give one folder tree, or archive files; not both")
+        if args.splits:
+            raise ValueError("--splits names split folders of a folder tree; for archive "
+                             "files use --split (or names such as *train*.tar)")
+        from .write.migrate import read_class_names
+
+        reports = preprocess_sources(
+            args.sources, args.lmdb_dir, split=args.split, val_labels=args.val_labels,
+            class_names=read_class_names(args.class_names) if args.class_names else None,
+            options=opt, memory_budget=args.memory_budget, scratch=args.scratch)
+    for r in reports:
         skipped = sum(s.skipped for s in r.shards)
         print(f"{r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB in "
               f"{len(r.shards)} file(s)" + (f" ({skipped} already complete)" if skipped else "")

@@ -202,10 +202,9 @@ class ProcessMap:
 
     @staticmethod
     def _check(feed: _Feed) -> None:
-        if feed.error is not None:
-            err, tb = feed.error
-            raise RuntimeError(f"reading the items to map failed: {type(err).__name__}: "
-                               f"{err}\n\nFeed thread traceback:\n{tb}") from err
+        if feed.error is not None:  # the caller's own iterator failed: its exception,
+            err, _ = feed.error        # unchanged (it names its input; the traceback is kept)
+            raise err
 
     def close(self, force: bool = False) -> None:
         """NOTE [ pool shutdown ].  Idempotent."""

@@ -13,7 +13,8 @@ from ..format.files import db_name
 from .scan import Scan, scan_class_tree, scan_labelled_folder
 from .writer import WriteOptions, WriteReport, write_split
 
-__all__ = ["DEFAULT_SPLITS", "preprocess", "scan_split", "shuffles_split"]
+__all__ = ["DEFAULT_SPLITS", "preprocess", "preprocess_sources", "scan_split", "shuffles_split",
+           "split_of"]
 
 DEFAULT_SPLITS = ("train", "val")
 
@@ -90,4 +91,55 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
         split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(split, opt.shuffle)})
         out.mkdir(parents=True, exist_ok=True)
         reports.append(write_split(scan, out / f"{db_name(split)}.lmdb", split, split_opt))
+    return reports
+
+
+def split_of(path: str | Path) -> str:
+    """The split an archive holds, from its name: ``train`` or ``val`` (as in
+    ``ILSVRC2012_img_train.tar``, ``ILSVRC-val.lmdb``)."""
+    name = Path(path).name.lower()
+    found = [s for s in DEFAULT_SPLITS if s in name]
+    if len(found) != 1:
+        raise ValueError(f"cannot tell the split of {path} from its name; name it with "
+                         "--split (e.g. --split train)")
+    return found[0]
+
+
+def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
+                       split: str | None = None, val_labels: str | Path | None = None,
+                       class_names: Sequence[str] | None = None,
+                       options: WriteOptions | None = None, memory_budget: int | None = None,
+                       scratch: str | Path | None = None) -> list[WriteReport]:
+    """Write ``<lmdb_dir>/ILSVRC-<split>.lmdb`` from archives read sequentially once
+    (:mod:`seqloader.write.sources`), shuffled by :mod:`seqloader.write.extshuffle` within
+    ``memory_budget``.  Each file's split is ``split`` or comes from its name; a split's
+    files are read in the order given; train goes first, so that val's labels
+    (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
+    the classes of sources labelled by index (tensorpack LMDB files)."""
+    from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
+    from .sources import open_source
+
+    out = Path(lmdb_dir)
+    opt = options or WriteOptions()
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
+                              "if missing) for the .lmdb files")
+    by_split: dict[str, list[Path]] = {}
+    for f in sources:
+        by_split.setdefault(split or split_of(f), []).append(Path(f))
+    order = sorted(by_split, key=lambda s: (s != "train", s != "val", s))
+    train_classes = list(class_names) if class_names is not None else None
+    reports = []
+    for s in order:
+        src = open_source(by_split[s], split=s, labels_file=val_labels if s != "train" else None,
+                          classes=train_classes if s != "train" or class_names else None)
+        split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(s, opt.shuffle)})
+        out.mkdir(parents=True, exist_ok=True)
+        report, classes = write_source(
+            src, out / f"{db_name(s)}.lmdb", s, split_opt,
+            memory_budget=memory_budget or DEFAULT_MEMORY_BUDGET,
+            scratch=None if scratch is None else Path(scratch) / f"{db_name(s)}.scratch")
+        if s == "train":
+            train_classes = classes
+        reports.append(report)
     return reports

@@ -50,6 +50,7 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import lmdb
 import numpy as np
@@ -338,8 +339,9 @@ class _ShardWriter:
     """Writes positions ``[start, stop)`` of the order into one shard file."""
 
     def __init__(self, scan: Scan, split: str, order: np.ndarray, final: Path, shard: int,
-                 fingerprint: str, opt: WriteOptions):
+                 fingerprint: str, opt: WriteOptions, feed: Feed | None = None):
         self.scan, self.split, self.order, self.final = scan, split, order, final
+        self.feed = feed
         self.shard, self.fingerprint, self.opt = shard, fingerprint, opt
         self.partial = final.with_name(final.name + ".partial")
         self._fd: int | None = None  # of the partial file while writing (drop-behind)
@@ -617,7 +619,10 @@ class _ShardWriter:
             pending, pending_bytes = [], 0
 
         try:
-            for pos, value, digest, warned in self._prepared(positions):
+            # (not bound to a name: an exception must free the generator, and with it the
+            # decode processes, which hold the lock -- a traceback keeps the frame's locals)
+            for pos, value, digest, warned in (self.feed(positions) if self.feed
+                                               else self._prepared(positions)):
                 if value is None:
                     path = self.scan.paths[int(self.order[pos])]
                     if opt.strict:
@@ -654,8 +659,15 @@ class _ShardWriter:
             bar.close()
 
 
+#: Prepared records of order positions, in order: ``(position, value, digest, warning or
+#: None)`` or ``(position, None, reason, None)`` for a bad source (what
+#: ``_ShardWriter._prepare`` gives).
+Feed = Callable[[range], Iterator[tuple[int, "bytes | None", "bytes | str", "str | None"]]]
+
+
 def write_split(scan: Scan, out: str | Path, split: str,
-                options: WriteOptions | None = None) -> WriteReport:
+                options: WriteOptions | None = None, *, order: np.ndarray | None = None,
+                feed: Feed | None = None) -> WriteReport:
     """Write ``scan`` to ``out`` (a ``.lmdb`` file path; with ``options.shards > 1``,
     to ``<stem>-SSSSS-of-NNNNN.lmdb`` beside it).
 
@@ -665,6 +677,9 @@ def write_split(scan: Scan, out: str | Path, split: str,
     complete database written differently (pass ``overwrite``), and
     :class:`BadImageError` in ``strict`` mode, after removing what this call wrote, and
     :class:`NoRecordsError` when no image could be stored (NOTE [ no records, no database ]).
+    ``order`` replaces the seeded permutation of ``scan`` (it must be one fixed by the
+    command, e.g. :mod:`~seqloader.write.extshuffle`'s); ``feed`` gives the prepared
+    records of positions of ``order`` instead of reading ``scan``'s files.
     """
     opt = options or WriteOptions()
     out = Path(out)
@@ -673,7 +688,8 @@ def write_split(scan: Scan, out: str | Path, split: str,
     if opt.shards > len(scan):
         raise ValueError(f"--shards {opt.shards} is more than the {len(scan)} images of "
                          f"split {split!r}; use at most {len(scan)}")
-    order = write_order(len(scan), seed=opt.seed, shuffle=opt.shuffle)
+    if order is None:
+        order = write_order(len(scan), seed=opt.seed, shuffle=opt.shuffle)
     fingerprint = _fingerprint(scan, split, order, opt)
     bounds = [round(k * len(scan) / opt.shards) for k in range(opt.shards + 1)]
     # the split in another layout (one file vs shards, another shard count) would be
@@ -706,7 +722,7 @@ def write_split(scan: Scan, out: str | Path, split: str,
             report.shards.append(_existing(final, fingerprint, scan, opt))
             _lock_file(partial).unlink(missing_ok=True)  # (a kill between rename and unlink)
             continue
-        writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt)
+        writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt, feed)
         try:
             report.shards.append(writer.run(bounds[k], bounds[k + 1]))
         except BadImageError:
