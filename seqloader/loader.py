@@ -25,6 +25,7 @@ from .dataflow.pool import WorkerPool
 from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
                         plan_epoch)
 from .read.remote import RemoteOptions, is_url, with_timeout
+from .errors import FormatError
 from .dataflow.batch import ProducerSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 from .dataflow.passes import Pass
 from .dataflow.shuffle import default_warmup
@@ -66,7 +67,9 @@ class Loader(TrainerFacing):
     the ``.lmdb`` file).  ``transform`` gets an HWC uint8 RGB array (seqloader transforms
     also get a seeded ``rng``; torchvision transforms get a PIL image) and returns a
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
-    ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
+    ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded images, labels)``,
+    the images bytes-like: read-only memoryviews, not copies (NOTE [ raw batches ] in
+    :mod:`seqloader.read.reader`; ``bytes(x)`` copies one).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training
     (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it; an iterator
@@ -310,11 +313,31 @@ class Loader(TrainerFacing):
         B = spec.batch_size
         labels = np.empty(B, np.int64)
         samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
+        if spec.mode == "raw" and spec.target_transform is None:
+            yield from self._raw(spec, plan, first, labels, samples)
+            return
         for j, recs in self._feeder.batches(plan, first):
             n = len(recs)
             with callers_rngs_kept() if spec.transform is not None else contextlib.nullcontext():
                 raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], labels[:n],
                                    samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
+            yield j, n, (labels[:n], samples[:n]), raw, None
+
+    def _raw(self, spec: ProducerSpec, plan: EpochPlan, first: int, labels: np.ndarray,
+             samples: np.ndarray):
+        """Raw batches from the reader itself (``RangeReader.encoded``: NOTE [ raw batches ]
+        in :mod:`seqloader.read.reader`); a record it cannot parse goes through
+        ``decode_batch``, which raises the usual RecordError naming it."""
+        reader = self._feeder.reader
+        for j, recs in self._feeder.batches(plan, first, release=False):
+            n = len(recs)
+            try:
+                raw, got = reader.encoded(recs)
+                labels[:n] = got
+            except FormatError:
+                reader.release([v for _, v in recs])
+                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs],
+                                   labels[:n], samples[:n], None)
             yield j, n, (labels[:n], samples[:n]), raw, None
 
     def _materialize(self, spec: ProducerSpec, labels_v: np.ndarray, images_v: np.ndarray,

@@ -98,16 +98,18 @@ class Feeder:
         while emitted < skip:
             next(drain)
             emitted += 1
-        held = {p: self.reader.get(index_of(p)) for p in buf.items}  # the buffer at `skip`
+        # the records read but not yet emitted, as (index, value) by stream position;
+        # first the buffer at `skip`
+        held = {p: (index_of(p), self.reader.get(index_of(p))) for p in buf.items}
         stream = self.reader.read(skip_ranges(ranges, pos))
         for p in range(pos, n):
             if stop is not None and stop.is_set():
                 raise Stopped()
-            held[p] = next(stream)[1]
+            held[p] = next(stream)
             for out in buf.push(p):
-                yield index_of(out), held.pop(out)
+                yield held.pop(out)
         for out in buf.drain():
-            yield index_of(out), held.pop(out)
+            yield held.pop(out)
 
     def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True,
                 stop: Any = None) -> Iterator[tuple[int, Batch]]:

@@ -38,13 +38,13 @@ import mmap
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as _FutureTimeout
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import FormatError
 from .pages import address
+from .source import Part
 
 __all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
            "physical_memory"]
@@ -128,23 +128,6 @@ def open_direct(path: str) -> int | None:
         raise
 
 
-@dataclass
-class Part:
-    """Records of one file to read in order: their byte ``offsets``/``lengths`` and the
-    ``spans`` (page-aligned ``(start, end)``, in order) that hold them, with ``ids`` the
-    span of each record (None: all in span 0)."""
-
-    path: str
-    fd: int
-    spans: list[tuple[int, int]]
-    ids: np.ndarray | None
-    offsets: np.ndarray
-    lengths: np.ndarray
-    #: a buffered descriptor of the same file, for records larger than the ring (reading
-    #: the file opened, not whatever the path names now); None: open ``path``
-    fd_buffered: int | None = None
-
-
 def _read_block(fd: int, buf: memoryview, offset: int) -> int:
     """Fill ``buf`` from ``offset`` (fewer bytes only at the end of the file)."""
     done = 0
@@ -165,7 +148,10 @@ class DirectStream:
     One pass at a time; not thread-safe; create it in the process that reads (the
     threads are started on first use; the ring is not inherited by forked children).
     A pass that ends or is closed early waits for (or cancels) its reads in flight, each
-    wait bounded by :data:`READ_TIMEOUT`."""
+    wait bounded by :data:`READ_TIMEOUT`.  The ``direct``
+    :class:`~seqloader.read.source.ByteSource`."""
+
+    name = "direct"
 
     def __init__(self, window: int = 128 << 20, block: int = 16 << 20, depth: int = 2):
         if block <= 0 or block % ALIGN:
@@ -178,8 +164,9 @@ class DirectStream:
         self.oversized = 0  # records larger than the ring, read on their own
         self.read_timeout = READ_TIMEOUT  # longest wait for one block
 
-    # NOTE [ byte source ]: the four methods below are what a stream reads with; a
-    # subclass (the remote stream, :mod:`seqloader.read.remote`) replaces them and keeps the
+    # The four methods below are what a stream reads with (NOTE [ byte source ] in
+    # :mod:`seqloader.read.source`); a subclass (the remote stream,
+    # :mod:`seqloader.read.remote`) replaces them and keeps the
     # ordering, windowing and shutdown of :meth:`read`.  Each runs in a read thread
     # except `_read_alone` and `_failure`.
 
@@ -323,6 +310,13 @@ class DirectStream:
         finally:
             while inflight:
                 recycle()
+
+    def copy_into(self, value: memoryview, out: np.ndarray) -> None:
+        """Values are private copies: a plain copy."""
+        out[:] = np.frombuffer(value, np.uint8)
+
+    def release(self, values: Sequence[memoryview]) -> None:
+        """Nothing to drop: values are private copies, freed with their last reference."""
 
     def close(self) -> None:
         """Stop the read threads (a read in flight finishes in the background; a pass's
