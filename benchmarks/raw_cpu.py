@@ -4,12 +4,12 @@ Each run is a fresh process with ``PYTHONPATH`` set to one checkout: a
 ``Loader(db, split, transform=None, shuffle=True, num_workers=0)`` reads one epoch to
 warm the page cache, then ``--epochs`` epochs are timed.  It reports images per
 CPU-second (``time.process_time``: every thread of the process, user + system) and per
-wall-second, and a digest of one epoch's labels and bytes (equal digests: the same
+wall-second (``--consume copy``: with ``bytes(image)`` of every image in the timed loop), and a digest of one epoch's labels and bytes (equal digests: the same
 records in the same order).  The host's other load moves the wall rate more than the
 CPU rate; runs of the checkouts alternate so that both see the same conditions.
 
     python benchmarks/raw_cpu.py DB_DIR --checkout before=OLD --checkout after=. \
-        [--split train] [--rounds 5] [--epochs 5] [--json OUT]
+        [--split train] [--rounds 5] [--epochs 5] [--consume none|copy] [--json OUT]
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ _RUN = r"""
 import hashlib, json, sys, time
 import seqloader
 from seqloader import Loader
-db, split, epochs, batch, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+db, split = sys.argv[1], sys.argv[2]
+epochs, batch, cache = map(int, sys.argv[3:6])
+copy = sys.argv[6] == "copy"
 L = Loader(db, split, None, batch_size=batch, shuffle=True, cache=cache, num_workers=0,
            world_size=1, rank=0)
 h = hashlib.sha256()
@@ -36,6 +38,9 @@ c0, w0, n = time.process_time(), time.perf_counter(), 0
 for _ in range(epochs):
     for images, labels in L:
         n += len(images)
+        if copy:
+            for im in images:
+                bytes(im)
 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
 L.close()
 print(json.dumps({"images": n, "cpu_s": cpu, "wall_s": wall, "digest": h.hexdigest()[:16],
@@ -46,7 +51,7 @@ print(json.dumps({"images": n, "cpu_s": cpu, "wall_s": wall, "digest": h.hexdige
 def _once(checkout: str, args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
     out = subprocess.run([sys.executable, "-c", _RUN, args.db, args.split, str(args.epochs),
-                          str(args.batch_size), str(args.cache)],
+                          str(args.batch_size), str(args.cache), args.consume],
                          env=env, cwd=os.path.abspath(checkout), capture_output=True, text=True, timeout=1800, check=False)
     if out.returncode:
         raise RuntimeError(f"run in {checkout} failed:\n{out.stderr[-3000:]}")
@@ -65,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--cache", type=int, default=5000)
+    ap.add_argument("--consume", choices=("none", "copy"), default="none",
+                    help="what the timed loop does with each image: nothing, or bytes(image) "
+                         "(what a consumer that needs bytes pays; free for bytes)")
     ap.add_argument("--json", help="write every run here")
     args = ap.parse_args(argv)
     checkouts = [c.split("=", 1) for c in args.checkout]

@@ -284,3 +284,14 @@ def test_reduced_by_size_fractional_renders_the_same_crop():
     assert len(scales) >= 2 and len(diffs) >= 10  # e.g. 3/8 and 4/8 both occur
     assert m8_d < 1.5 * shipped_d + 0.5, (m8_d, shipped_d)
     assert other_d > 10 * shipped_d, (other_d, shipped_d)
+
+
+@pytest.mark.slow
+def test_raw_cpu_compares_checkouts(lmdb_dir):
+    """benchmarks/raw_cpu.py: two runs of this checkout, the same digest (records, order)."""
+    root = BENCH.parent
+    p = _script("raw_cpu.py", str(lmdb_dir), "--checkout", f"a={root}", "--checkout", f"b={root}",
+                "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--cache", "8",
+                "--consume", "copy", cwd=root)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("round 0")]
+    assert len(lines) == 2 and lines[0].split()[-2] == lines[1].split()[-2]
