@@ -69,7 +69,7 @@ class Loader(TrainerFacing):
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded images, labels)``,
     the images bytes-like: read-only memoryviews, not copies (NOTE [ raw batches ] in
-    :mod:`seqloader.read.reader`; ``bytes(x)`` copies one).
+    :mod:`seqloader.read.raw`; ``bytes(x)`` copies one).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training
     (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it; an iterator
@@ -326,7 +326,7 @@ class Loader(TrainerFacing):
     def _raw(self, spec: ProducerSpec, plan: EpochPlan, first: int, labels: np.ndarray,
              samples: np.ndarray):
         """Raw batches from the reader itself (``RangeReader.encoded``: NOTE [ raw batches ]
-        in :mod:`seqloader.read.reader`); a record it cannot parse goes through
+        in :mod:`seqloader.read.raw`); a record it cannot parse goes through
         ``decode_batch``, which raises the usual RecordError naming it."""
         reader = self._feeder.reader
         for j, recs in self._feeder.batches(plan, first, release=False):

@@ -45,7 +45,7 @@ def _read(db, ranges, io, **kw) -> tuple[list[tuple[int, bytes]], RangeReader]:
     r = RangeReader(db, io=io, fault_in=False, **kw)
     try:
         got = [(i, bytes(v)) for i, v in r.read(ranges)]
-        r.last_stream = r._stream  # (close() drops it)
+        r.last_stream = r._source  # (close() drops it)
         return got, r
     finally:
         r.close()
@@ -111,7 +111,7 @@ def test_breaking_off_and_closing_leave_no_reads_or_threads(big_db, monkeypatch)
     for _ in range(3):
         next(it)
     it.close()  # cut short: its reads are waited for or cancelled, buffers returned
-    stream = r._stream
+    stream = r._source
     assert len(stream._free) == stream.nbuf
     assert [bytes(v) for _, v in r.read([(10, 20)])] == want[10:20]  # a new pass is clean
     r.close()

@@ -78,7 +78,7 @@ def test_readahead_skips_blocks_already_cached(big_db):
     second = RangeReader(big_db, fault_in=False)
     try:
         got = [bytes(v) for _, v in second.read([(0, big_db.num_records)])]
-        pref = second._prefetcher
+        pref = second._source.prefetcher
         assert pref.skipped > 0 and pref.read_bytes == 0
         assert pref.failed_key is None
     finally:
@@ -128,7 +128,7 @@ def test_readahead_reads_only_the_pages_not_cached(big_db):
     reader = RangeReader(big_db, fault_in=False, io="buffered")
     try:
         got = [bytes(v) for _, v in reader.read([(0, big_db.num_records)])]
-        pref = reader._prefetcher
+        pref = reader._source.prefetcher
         assert pref.failed_key is None
         # only the holes (as far as they hold records) -- not the 2-16 MiB blocks they
         # sit in (those would be 19 MiB here)
@@ -371,7 +371,7 @@ def test_raw_batches_are_the_stored_images_without_copies(big_db, monkeypatch):
     copy), ``bytes`` from an older file (a view of LMDB's map would die with its
     transaction); the same images and labels as unpacking; pages a consumer maps by
     reading the views are unmapped at the next batch (NOTE [ raw batches ])."""
-    import seqloader.read.reader as reader_mod
+    import seqloader.read.raw as raw_mod
     from seqloader.format.spec import unpack_record
 
     path = big_db.paths[0].resolve()
@@ -381,7 +381,7 @@ def test_raw_batches_are_the_stored_images_without_copies(big_db, monkeypatch):
     old = Database(big_db.paths, tuple(dataclasses.replace(m, extents=b"") for m in big_db.metas))
     for db, kind, layout in ((big_db, memoryview, True), (old, bytes, True), (big_db, bytes, False)):
         if not layout:  # another writer's layout: unpacked instead
-            monkeypatch.setattr(reader_mod, "image_span", lambda head, n: None)
+            monkeypatch.setattr(raw_mod, "image_span", lambda head, n: None)
         reader = RangeReader(db, io="buffered")
         try:
             recs = list(reader.read(ranges))

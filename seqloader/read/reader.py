@@ -9,32 +9,20 @@ I/O ] in :mod:`seqloader.read.direct`) or remote (NOTE [ remote reading ]).
 from __future__ import annotations
 
 import bisect
-import os
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .database import Database, check_identity
 from .direct import choose
-from .pages import address, unmap
+from .raw import encoded, unmap_file
 from .shard import RemoteShard, Shard
 from .source import ByteSource, Part, open_source
-from ..format.spec import (EXTENT_DTYPE, IMAGE_HEAD, LABEL_TAIL, image_span, label_at,
-                           unpack_record)
+from ..format.spec import EXTENT_DTYPE
 from ..errors import FormatError
 
 __all__ = ["RangeReader"]
 
-# NOTE [ raw batches ]
-# A raw batch (``transform=None``) is the records' encoded images and labels.  Copying
-# each image out (``msgpack.unpackb``, or ``pread`` into a new ``bytes``) costs ~30 us
-# per ImageNet-sized record here, most of the reader's CPU per image; so the images are
-# read-only memoryviews instead: of the file's map (buffered reading -- the page cache
-# holds the bytes), of the record's private copy (direct I/O, remote).  The reader
-# finds the image and label with two small ``pread`` s (NOTE [ record layout ]), so it
-# maps no page itself; a consumer that reads a view maps its pages, and the reader
-# unmaps those files at the next batch (NOTE [ mapped pages ]: the views stay valid,
-# reading one again is a minor fault).  ``bytes(view)`` copies, e.g. to pickle one.
 
 
 class RangeReader:
@@ -68,14 +56,6 @@ class RangeReader:
     def direct(self) -> bool:
         """Whether values are private copies (direct I/O or remote), not map views."""
         return self._direct
-
-    @property
-    def _stream(self) -> ByteSource | None:  # (the source of a direct or remote reader)
-        return self._source if self.direct else None
-
-    @property
-    def _prefetcher(self):  # (the buffered source's readahead thread)
-        return getattr(self._source, "prefetcher", None)
 
     def _open(self) -> list[Shard]:
         if self._shards is None:
@@ -160,15 +140,8 @@ class RangeReader:
         until stop 20: a resumed preprocessing run re-read all it had written.)"""
         shards = self._open()
         self._check_unchanged(shards)
-        out = []
-        for s, a, b in self._split(ranges):
-            sh = shards[s]
-            if sh.base is None:
-                raise RuntimeError(f"{sh.path}: cannot locate records (no /proc/self/maps)")
-            for value in sh.values(a, b):
-                out.append((address(value) - sh.base, len(value)))
-            unmap(sh.base, sh.size)
-        return np.array(out, EXTENT_DTYPE)
+        out = [shards[s].walk_extents(a, b) for s, a, b in self._split(ranges)]
+        return np.concatenate(out) if out else np.zeros(0, EXTENT_DTYPE)
 
     def copy_into(self, value: memoryview, out: np.ndarray) -> None:
         """Copy a value yielded by :meth:`read` into ``out`` (a uint8 array of its length)
@@ -190,44 +163,13 @@ class RangeReader:
     def encoded(self, records: Sequence[tuple[int, memoryview]]
                 ) -> tuple[list[memoryview | bytes], list[int]]:
         """The encoded image and label of each ``(index, value)`` :meth:`read` yielded: a
-        raw batch, without copying the images (NOTE [ raw batches ]).  Raises
-        :class:`FormatError` naming a record that is not a valid one."""
-        images: list[memoryview | bytes] = []
-        labels: list[int] = []
-        shards, offs = self._shards, self._offsets
-        self._unmap_lent()
-        pread = not self.direct
-        for index, value in records:
-            s = bisect.bisect_right(offs, index) - 1
-            sh = shards[s]
-            got = None
-            if pread and sh.extents is not None:
-                local = index - offs[s]
-                off = int(sh.offsets[local])
-                got = _locate(sh.fd_through, off, int(sh.lengths[local]))
-                if got is not None:
-                    got = sh.view[off + got[0]:off + got[1]], got[2]
-            elif (span := image_span(value[:IMAGE_HEAD], len(value))) is not None:
-                label = label_at(value[span[1]:span[1] + LABEL_TAIL])
-                if label is not None:  # (a view of LMDB's map would die with its txn)
-                    image = value[span[0]:span[1]]
-                    got = (bytes(image) if pread else image), label
-            if got is None:
-                rec = unpack_record(value, where=f"record {index} of {sh.path}")
-                got = rec.image, rec.label
-            if pread:
-                self._lent.add(s)
-            images.append(got[0])
-            labels.append(got[1])
-        return images, labels
-
-    def _unmap_lent(self) -> None:
-        """Unmap the files the last raw batch's views came from (NOTE [ raw batches ])."""
+        raw batch, without copying the images (NOTE [ raw batches ] in
+        :mod:`seqloader.read.raw`).  Raises :class:`FormatError` naming a record that is
+        not a valid one.  Pages of the last batch's images are unmapped now."""
         for s in self._lent:
-            sh = self._shards[s]
-            if sh.base is not None:
-                unmap(sh.base, sh.size)
+            unmap_file(self._shards[s])
         self._lent.clear()
+        return encoded(self._shards, self._offsets, self.direct, records, self._lent)
 
     def close(self) -> None:
         """Close the files; values yielded earlier become invalid."""
@@ -244,14 +186,3 @@ class RangeReader:
             raise RuntimeError("a RangeReader that has been used cannot be pickled or forked; "
                                "create it in the parent and use it only in the worker")
         return self.__dict__.copy()
-
-
-def _locate(fd: int, off: int, n: int) -> tuple[int, int, int] | None:
-    """``(start, stop, label)`` of the record of ``n`` bytes at ``off`` in the file: its
-    image's bytes within the record and its label, from two small ``pread`` s of the
-    page cache (NOTE [ record layout ]); None for another layout."""
-    span = image_span(os.pread(fd, IMAGE_HEAD, off), n)
-    if span is None:
-        return None
-    label = label_at(os.pread(fd, min(LABEL_TAIL, n - span[1]), off + span[1]))
-    return None if label is None else (span[0], span[1], label)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from .database import check_identity, close_env, open_env
-from .pages import PAGE as _PAGE, address as _address, map_base as _map_base
+from .pages import PAGE as _PAGE, address as _address, map_base as _map_base, unmap
 from ..format.spec import EXTENT_DTYPE, Meta, encode_key, meta_extents
 from ..errors import FormatError
 
@@ -126,6 +126,15 @@ class Shard:
             yield cur.value()
             if local + 1 < b and not cur.next():
                 raise FormatError(f"{self.path}: ends after record {local}, before {b - 1}")
+
+    def walk_extents(self, a: int, b: int) -> np.ndarray:
+        """The extents of local records ``[a, b)`` found by walking the B-tree
+        (:meth:`~seqloader.read.reader.RangeReader.extents`)."""
+        if self.base is None:
+            raise RuntimeError(f"{self.path}: cannot locate records (no /proc/self/maps)")
+        out = [(_address(value) - self.base, len(value)) for value in self.values(a, b)]
+        unmap(self.base, self.size)
+        return np.array(out, EXTENT_DTYPE)
 
     def close(self) -> None:
         if self.env is not None:
