@@ -9,7 +9,8 @@ checkout, reading the first epoch of a shuffled database cold, one of:
   ``--io direct``.
 
 It reports the records' bytes per second of wall time (from opening the database, and
-from the first record or batch on) as a share of the throttle, and the CPU seconds.  Checkouts alternate within each round.
+from the first record or batch on) as a share of the throttle, and the CPU seconds.
+Checkouts alternate within each round.
 
     python benchmarks/hdd_raw.py DB_DIR --hddsim PATH --checkout before=OLD \
         --checkout after=. [--rounds 2] [--mbps 150] [--json OUT]

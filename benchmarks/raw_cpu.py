@@ -1,12 +1,13 @@
 """Reader-side CPU per image in raw mode, A/B between checkouts, in alternation.
 
-Each run is a fresh process with ``PYTHONPATH`` set to one checkout: a
-``Loader(db, split, transform=None, shuffle=True, num_workers=0)`` reads one epoch to
-warm the page cache, then ``--epochs`` epochs are timed.  It reports images per
-CPU-second (``time.process_time``: every thread of the process, user + system) and per
-wall-second (``--consume copy``: with ``bytes(image)`` of every image in the timed loop), and a digest of one epoch's labels and bytes (equal digests: the same
-records in the same order).  The host's other load moves the wall rate more than the
-CPU rate; runs of the checkouts alternate so that both see the same conditions.
+Each run is a fresh process with ``PYTHONPATH`` set to one checkout: a ``Loader(db,
+split, transform=None, shuffle=True, num_workers=0)`` reads one epoch to warm the page
+cache, then ``--epochs`` epochs are timed. It reports images per CPU-second
+(``time.process_time``: every thread of the process, user + system) and per wall-second
+(``--consume copy``: with ``bytes(image)`` of every image in the timed loop), and a
+digest of one epoch's labels and bytes (equal digests: the same records in the same
+order). The host's other load moves the wall rate more than the CPU rate; runs of the
+checkouts alternate so that both see the same conditions.
 
     python benchmarks/raw_cpu.py DB_DIR --checkout before=OLD --checkout after=. \
         [--split train] [--rounds 5] [--epochs 5] [--consume none|copy] [--json OUT]
@@ -52,7 +53,8 @@ def _once(checkout: str, args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
     out = subprocess.run([sys.executable, "-c", _RUN, args.db, args.split, str(args.epochs),
                           str(args.batch_size), str(args.cache), args.consume],
-                         env=env, cwd=os.path.abspath(checkout), capture_output=True, text=True, timeout=1800, check=False)
+                         env=env, cwd=os.path.abspath(checkout), capture_output=True, text=True,
+                         timeout=1800, check=False)
     if out.returncode:
         raise RuntimeError(f"run in {checkout} failed:\n{out.stderr[-3000:]}")
     row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,16 +1,16 @@
 """Raw batches: the encoded images and labels of records, without copying the images.
 
 NOTE [ raw batches ]
-A raw batch (``transform=None``) is the records' encoded images and labels.  Copying
-each image out (``msgpack.unpackb``, or ``pread`` into a new ``bytes``) costs more
-CPU than all else the reader does per record (benchmarks/RESULTS.md); so the images
-are read-only memoryviews instead: of the file's map (buffered reading -- the page cache
-holds the bytes), of the record's private copy (direct I/O, remote); of older files without record extents, ``bytes`` (a view
-of LMDB's map would not outlive its transaction).  The reader
+A raw batch (``transform=None``) is the records' encoded images and labels. Copying each
+image out (``msgpack.unpackb``, or ``pread`` into a new ``bytes``) costs more CPU than
+all else the reader does per record (benchmarks/RESULTS.md); so the images are read-only
+memoryviews instead: of the file's map (buffered reading -- the page cache holds the
+bytes), of the record's private copy (direct I/O, remote); of older files without record
+extents, ``bytes`` (a view of LMDB's map would not outlive its transaction). The reader
 finds the image and label with two small ``pread`` s (NOTE [ record layout ]), so it
-maps no page itself; a consumer that reads a view maps its pages, and the reader
-unmaps those files at the next batch (NOTE [ mapped pages ]: the views stay valid,
-reading one again is a minor fault).  ``bytes(view)`` copies, e.g. to pickle one.
+maps no page itself; a consumer that reads a view maps its pages, and the reader unmaps
+those files at the next batch (NOTE [ mapped pages ]: the views stay valid, reading one
+again is a minor fault). ``bytes(view)`` copies, e.g. to pickle one.
 """
 from __future__ import annotations
 
