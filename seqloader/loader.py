@@ -76,7 +76,7 @@ class Loader(TrainerFacing):
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch
-    (NOTE [ target region ] in :mod:`seqloader.dataflow.stages.targets`).  Stored pixels are
+    (NOTE [ target region ] in :mod:`seqloader.dataflow.targets`).  Stored pixels are
     not decoded: the transform gets them as stored (NOTE [ stored pixels ]).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training

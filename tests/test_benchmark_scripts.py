@@ -345,3 +345,14 @@ def test_hdd_compare_report_from_raw_runs_in_out(tmp_path):
     doc = json.loads((out / "hdd_compare.json").read_text())
     assert doc["rows"] and (out / "hdd_compare.md").read_text().startswith("#")
     assert _committed_bytes() == before
+
+
+@pytest.mark.slow
+def test_raw_cpu_compares_checkouts(lmdb_dir):
+    """benchmarks/raw_cpu.py: two runs of this checkout, the same digest (records, order)."""
+    root = BENCH.parent
+    p = _script("raw_cpu.py", str(lmdb_dir), "--checkout", f"a={root}", "--checkout", f"b={root}",
+                "--rounds", "1", "--epochs", "1", "--batch-size", "4", "--cache", "8",
+                "--consume", "copy", cwd=root)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("round 0")]
+    assert len(lines) == 2 and lines[0].split()[-2] == lines[1].split()[-2]

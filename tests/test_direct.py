@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import seqloader.read.direct as direct
-import seqloader.read.reader as reader_mod
+import seqloader.read.shard as shard_mod
 import seqloader.transforms as T
 from seqloader import Loader
 from seqloader.read.database import Database, open_database
@@ -32,8 +32,9 @@ KB = 1 << 10
 def _small_blocks(monkeypatch, block: int = 64 * KB, window: int = 192 * KB) -> None:
     """Make the Loader's/reader's direct stream use tiny blocks and a tiny ring, so a
     ~25 MB test file exercises records spanning blocks and records larger than the ring."""
-    monkeypatch.setattr(reader_mod, "DirectStream",
-                        lambda _window: direct.DirectStream(window, block=block, depth=2))
+    stream = direct.DirectStream
+    monkeypatch.setattr(direct, "DirectStream",
+                        lambda _window: stream(window, block=block, depth=2))
 
 
 def _records(db: Database) -> list[bytes]:
@@ -44,7 +45,7 @@ def _read(db, ranges, io, **kw) -> tuple[list[tuple[int, bytes]], RangeReader]:
     r = RangeReader(db, io=io, fault_in=False, **kw)
     try:
         got = [(i, bytes(v)) for i, v in r.read(ranges)]
-        r.last_stream = r._stream  # (close() drops it)
+        r.last_stream = r._source  # (close() drops it)
         return got, r
     finally:
         r.close()
@@ -78,7 +79,7 @@ def test_direct_follows_records_into_separate_spans(big_db, monkeypatch):
     """With no gap allowed, every record is a span of its own (as if LMDB had scattered
     them over reused pages): the stream still hands each record its own bytes."""
     _small_blocks(monkeypatch)
-    monkeypatch.setattr(reader_mod, "_GAP", 0)
+    monkeypatch.setattr(shard_mod, "GAP", 0)
     r = RangeReader(big_db, io="direct", fault_in=False)
     try:
         spans, _ = r._open()[0].spans(0, big_db.num_records)
@@ -110,7 +111,7 @@ def test_breaking_off_and_closing_leave_no_reads_or_threads(big_db, monkeypatch)
     for _ in range(3):
         next(it)
     it.close()  # cut short: its reads are waited for or cancelled, buffers returned
-    stream = r._stream
+    stream = r._source
     assert len(stream._free) == stream.nbuf
     assert [bytes(v) for _, v in r.read([(10, 20)])] == want[10:20]  # a new pass is clean
     r.close()

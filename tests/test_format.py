@@ -198,3 +198,21 @@ def test_shard_files_of_a_split_name_with_glob_characters(tmp_path):
     assert shard_files(odd) == [tmp_path / "ILSVRC-tr[a]in-00000-of-00002.lmdb"]
     assert len(shard_files(tmp_path / "ILSVRC-train.lmdb")) == 2
     assert not is_shard_name("ILSVRC-train-00000-of-00002.lmdb", Path("ILSVRC-tr[a]in.lmdb"))
+
+
+def test_image_and_label_are_found_without_unpacking():
+    """NOTE [ record layout ]: the image's bytes and the label of every integer width
+    from the record's head and the bytes after the image; None for another layout."""
+    from seqloader.format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
+
+    for image in (b"", b"\xff\xd8" * 5, b"x" * 300, b"y" * 70000):
+        for label in (0, 5, 127, 128, 255, 256, 65535, 65536, 2**32, -1, -32, -33, -200, -2**40):
+            v = pack_record(Record(image=image, label=label, path="a/b.JPEG", extra={"k": 1}))
+            start, stop = image_span(v[:IMAGE_HEAD], len(v))
+            assert v[start:stop] == image
+            assert label_at(v[stop:stop + LABEL_TAIL]) == label
+    other = msgpack.packb({"label": 3, "image": b"abc"}, use_bin_type=True)
+    assert image_span(other[:IMAGE_HEAD], len(other)) is None
+    v = pack_record(Record(image=b"abc", label=3))
+    assert image_span(v[:IMAGE_HEAD], len(v) - 8) is None  # a cut record
+    assert label_at(b"\xa5other\x03") is None

@@ -78,7 +78,7 @@ def test_readahead_skips_blocks_already_cached(big_db):
     second = RangeReader(big_db, fault_in=False)
     try:
         got = [bytes(v) for _, v in second.read([(0, big_db.num_records)])]
-        pref = second._prefetcher
+        pref = second._source.prefetcher
         assert pref.skipped > 0 and pref.read_bytes == 0
         assert pref.failed_key is None
     finally:
@@ -128,7 +128,7 @@ def test_readahead_reads_only_the_pages_not_cached(big_db):
     reader = RangeReader(big_db, fault_in=False, io="buffered")
     try:
         got = [bytes(v) for _, v in reader.read([(0, big_db.num_records)])]
-        pref = reader._prefetcher
+        pref = reader._source.prefetcher
         assert pref.failed_key is None
         # only the holes (as far as they hold records) -- not the 2-16 MiB blocks they
         # sit in (those would be 19 MiB here)
@@ -223,9 +223,9 @@ def test_extents_that_do_not_fit_the_file_are_a_clear_error(big_db, damage):
 def test_spans_cover_every_record_and_skip_far_outliers(big_db):
     """LMDB now and then puts a value in reused free pages far earlier in the file: it
     gets a span of its own instead of one span over everything in between."""
-    from seqloader.read.reader import _Shard
+    from seqloader.read.shard import Shard
 
-    sh = _Shard(str(big_db.paths[0]), big_db.metas[0], True)
+    sh = Shard(str(big_db.paths[0]), big_db.metas[0], True)
     try:
         n = big_db.num_records
 
@@ -362,3 +362,38 @@ except RuntimeError as e:  # not a silent StopIteration: that would pass for a s
     a, b = counts.split()
     assert a == b
     assert ended.startswith("ended: this LMDBData pass was ended by a new iter()")
+
+
+def test_raw_batches_are_the_stored_images_without_copies(big_db, monkeypatch):
+    """``encoded`` (the Loader's raw batches): views of the file's map with extents (no
+    copy), ``bytes`` from an older file (a view of LMDB's map would die with its
+    transaction); the same images and labels as unpacking; pages a consumer maps by
+    reading the views are unmapped at the next batch (NOTE [ raw batches ])."""
+    import seqloader.read.raw as raw_mod
+    from seqloader.format.records import unpack_record
+
+    path = big_db.paths[0].resolve()
+    want = [unpack_record(v) for k, v in raw_items(path) if k != META_KEY]
+    ranges = [(30, 121), (0, 30)]
+    order = list(range(30, 121)) + list(range(30))
+    old = Database(big_db.paths, tuple(dataclasses.replace(m, extents=b"") for m in big_db.metas))
+    for db, kind, layout in ((big_db, memoryview, True), (old, bytes, True), (big_db, bytes, False)):
+        if not layout:  # another writer's layout: unpacked instead
+            monkeypatch.setattr(raw_mod, "image_span", lambda head, n: None)
+        reader = RangeReader(db, io="buffered")
+        try:
+            recs = list(reader.read(ranges))
+            got = []
+            for k in range(0, len(recs), 16):
+                images, labels = reader.encoded(recs[k:k + 16])
+                assert {type(x) for x in images} == {kind}
+                got += [(bytes(x), y) for x, y in zip(images, labels)]  # maps their pages
+            assert got == [(want[i].image, want[i].label) for i in order]
+            images, _ = reader.encoded(recs)  # one batch of all, all read
+            assert sum(len(bytes(x)) for x in images) > 20 << 20
+            assert _mapped_kb(path) > 6 * 1024 or kind is bytes
+            del images
+            reader.encoded([])  # the next batch
+            assert _mapped_kb(path) < 6 * 1024
+        finally:
+            reader.close()

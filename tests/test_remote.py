@@ -162,7 +162,7 @@ def test_s3_ranks_read_only_their_chunks(moto, s3_url, lmdb_dir):
     reader = RangeReader(db, prefetch_bytes=32 << 10)
     try:
         got = [(i, bytes(v)) for i, v in reader.read([(5, 9), (20, 31)])]
-        assert reader._stream.oversized == 0
+        assert reader._source.oversized == 0
     finally:
         reader.close()
     assert got == [(i, local[i]) for i in list(range(5, 9)) + list(range(20, 31))]
@@ -316,7 +316,7 @@ from seqloader.read.remote import RemoteOptions
 dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2,
                         init_method="tcp://127.0.0.1:" + sys.argv[3])
 loader = Loader(sys.argv[1], "train", batch_size=4, shuffle=True, num_workers=1)
-seen = [[list(map(bytes.hex, x)), y.tolist()] for x, y in loader]
+seen = [[[bytes(i).hex() for i in x], y.tolist()] for x, y in loader]
 print(json.dumps({"len": len(loader), "batches": seen}))
 dist.destroy_process_group()
 """
@@ -344,7 +344,7 @@ def test_ddp_two_ranks_from_s3(moto, s3_url, lmdb_dir):
     for rank, res in enumerate(results):
         local = Loader(lmdb_dir, "train", batch_size=4, shuffle=True, num_workers=0,
                        rank=rank, world_size=2)
-        assert res["batches"] == [[list(map(bytes.hex, x)), y.tolist()] for x, y in local]
+        assert res["batches"] == [[[bytes(i).hex() for i in x], y.tolist()] for x, y in local]
 
 
 # ------------------------------------------------------------------ HTTP (nginx)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..read.plan import EpochPlan
 from .base import DataFlow, ProxyDataFlow
+from ..errors import FormatError
 from . import targets as _targets
 from .batch import BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 
@@ -136,6 +137,10 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         B = spec.batch_size
         labels = _targets.target_region(spec.target_kind, spec.labels_nbytes)  # HOOK [ any targets ]
         samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
+        if (spec.mode == "raw" and spec.target_transform is None and spec.target_kind == "class"
+                and self.source.db.metas[0].image_format == "jpeg"):  # (stored pixels: arrays)
+            yield from self._raw(spec, plan, first, labels, samples)
+            return
         for j, recs in self.df.batches(plan, first):
             n = len(recs)
             with callers_rngs_kept() if spec.transform is not None else contextlib.nullcontext():
@@ -143,6 +148,27 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                 raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], region,
                                    samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
             yield j, n, (region, samples[:n]), raw, None
+
+    def _raw(self, spec: BatchSpec, plan: EpochPlan, first: int, labels: np.ndarray,
+             samples: np.ndarray):
+        """Raw batches from the reader itself (``RangeReader.encoded``: NOTE [ raw batches ]
+        in :mod:`seqloader.read.raw`), each image copied once into its own ``bytes`` (a
+        raw batch outlives the reader and pickles, as a DataLoader's does); a record the
+        reader cannot parse goes through ``decode_batch``, which raises the usual
+        :class:`~seqloader.errors.RecordError` naming it."""
+        reader = self.source.reader
+        for j, recs in self.df.batches(plan, first, release=False):
+            n = len(recs)
+            try:
+                views, got = reader.encoded(recs)
+                raw = [v if isinstance(v, bytes) else bytes(v) for v in views]
+                del views
+                labels[:n] = got
+            except FormatError:
+                reader.release([v for _, v in recs])
+                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs],
+                                   labels[:n], samples[:n], None)
+            yield j, n, (labels[:n], samples[:n]), raw, None
 
     def __len__(self) -> int:
         return len(self.df)

@@ -237,14 +237,16 @@ class LocallyShuffleData(ProxyDataFlow):
         while emitted < skip:
             next(drain)
             emitted += 1
-        held = {p: src.get(index_of(p)) for p in buf.items}  # the buffer at `skip`
+        # the records read but not yet emitted, as (index, value) by stream position;
+        # first the buffer at `skip` (no position -> index search per record)
+        held = {p: (index_of(p), src.get(index_of(p))) for p in buf.items}
         stream = src.read(skip_ranges(plan.ranges, pos), stop)
         for p in range(pos, n):
-            held[p] = next(stream)[1]
+            held[p] = next(stream)
             for out in buf.push(p):
-                yield index_of(out), held.pop(out)
+                yield held.pop(out)
         for out in buf.drain():
-            yield index_of(out), held.pop(out)
+            yield held.pop(out)
 
     def plan(self, epoch: int) -> EpochPlan:
         return self.source.plan(epoch)

@@ -9,7 +9,8 @@ import msgpack
 from ..errors import FormatError
 from .targets import decode_target, encode_target
 
-__all__ = ["Record", "pack_record", "unpack_record"]
+__all__ = ["Record", "pack_record", "unpack_record", "image_span", "label_at", "IMAGE_HEAD",
+           "LABEL_TAIL"]
 
 
 @dataclass
@@ -51,6 +52,52 @@ def pack_record(rec: Record) -> bytes:
 
 
 _RECORD_FIELDS = ("image", "label", "path", "reencoded", "target", "shape")
+
+
+# NOTE [ record layout ]
+# :func:`pack_record` writes a msgpack map whose first entries are "image" (bin) and
+# "label" (int), in that order.  A reader that wants only those two can then find them
+# without unpacking the record (which copies the image out): the image's bytes start
+# within the first IMAGE_HEAD bytes, and the label follows them within LABEL_TAIL bytes.
+# Values of any other layout (another writer) go through ``msgpack.unpackb``.
+#: Bytes of a record that hold the map, the "image" key and the bin header.
+IMAGE_HEAD = 12
+#: Bytes after the image that hold the "label" key and its integer.
+LABEL_TAIL = 15
+_BIN = {0xc4: 1, 0xc5: 2, 0xc6: 4}
+_INT = {0xcc: (1, False), 0xcd: (2, False), 0xce: (4, False), 0xcf: (8, False),
+        0xd0: (1, True), 0xd1: (2, True), 0xd2: (4, True), 0xd3: (8, True)}
+
+
+def image_span(head: bytes | memoryview, length: int) -> tuple[int, int] | None:
+    """Where a record's image lies, ``(start, stop)`` within the record, from its first
+    :data:`IMAGE_HEAD` bytes and its ``length`` (NOTE [ record layout ]); None when the
+    record does not start as :func:`pack_record` writes (then unpack it)."""
+    if len(head) < 9 or not 0x82 <= head[0] <= 0x8f or head[1:7] != b"\xa5image":
+        return None
+    size = _BIN.get(head[7])
+    if size is None or len(head) < 8 + size:
+        return None
+    start = 8 + size
+    stop = start + int.from_bytes(head[8:start], "big")
+    return (start, stop) if stop + 7 <= length else None
+
+
+def label_at(tail: bytes | memoryview) -> int | None:
+    """The label from the bytes right after a record's image (at most
+    :data:`LABEL_TAIL`); None for another layout."""
+    if len(tail) < 7 or tail[:6] != b"\xa5label":
+        return None
+    t = tail[6]
+    if t < 0x80:
+        return t
+    if t >= 0xe0:
+        return t - 0x100
+    size, signed = _INT.get(t, (0, False))
+    if not size or len(tail) < 7 + size:
+        return None
+    return int.from_bytes(tail[7:7 + size], "big", signed=signed)
+
 
 
 def unpack_record(value: bytes | memoryview, *, where: str = "record") -> Record:

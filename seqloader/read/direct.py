@@ -38,13 +38,13 @@ import mmap
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as _FutureTimeout
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import FormatError
 from .pages import address
+from .source import Part
 
 __all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
            "physical_memory"]
@@ -128,23 +128,6 @@ def open_direct(path: str) -> int | None:
         raise
 
 
-@dataclass
-class Part:
-    """Records of one file to read in order: their byte ``offsets``/``lengths`` and the
-    ``spans`` (page-aligned ``(start, end)``, in order) that hold them, with ``ids`` the
-    span of each record (None: all in span 0)."""
-
-    path: str
-    fd: int
-    spans: list[tuple[int, int]]
-    ids: np.ndarray | None
-    offsets: np.ndarray
-    lengths: np.ndarray
-    #: a buffered descriptor of the same file, for records larger than the ring (reading
-    #: the file opened, not whatever the path names now); None: open ``path``
-    fd_buffered: int | None = None
-
-
 def _read_block(fd: int, buf: memoryview, offset: int) -> int:
     """Fill ``buf`` from ``offset`` (fewer bytes only at the end of the file)."""
     done = 0
@@ -165,7 +148,10 @@ class DirectStream:
     One pass at a time; not thread-safe; create it in the process that reads (the
     threads are started on first use; the ring is not inherited by forked children).
     A pass that ends or is closed early waits for (or cancels) its reads in flight, each
-    wait bounded by :data:`READ_TIMEOUT`."""
+    wait bounded by :data:`READ_TIMEOUT`.  The ``direct``
+    :class:`~seqloader.read.source.ByteSource`."""
+
+    name = "direct"
 
     def __init__(self, window: int = 128 << 20, block: int = 16 << 20, depth: int = 2):
         if block <= 0 or block % ALIGN:
@@ -178,8 +164,9 @@ class DirectStream:
         self.oversized = 0  # records larger than the ring, read on their own
         self.read_timeout = READ_TIMEOUT  # longest wait for one block
 
-    # NOTE [ byte source ]: the four methods below are what a stream reads with; a
-    # subclass (the remote stream, :mod:`seqloader.read.remote`) replaces them and keeps the
+    # The four methods below are what a stream reads with (NOTE [ byte source ] in
+    # :mod:`seqloader.read.source`); a subclass (the remote stream,
+    # :mod:`seqloader.read.remote`) replaces them and keeps the
     # ordering, windowing and shutdown of :meth:`read`.  Each runs in a read thread
     # except `_read_alone` and `_failure`.
 
@@ -215,114 +202,14 @@ class DirectStream:
         ``bytes`` (finite; one pass).  A read error or a file shorter than its records
         raises an error naming the file and offset."""
         self._start()
-        pool, free = self._pool, self._free
-        known: deque[Part] = deque()  # parts whose reads have started, not yet consumed
-        # reads submitted, in stream order: [part no, span no, offset, length, buffer, future
-        # (None once waited for)]; the pool runs `depth` of them at a time
-        inflight: deque[list] = deque()
+        return _Pass(self, parts).records()
 
-        def requests() -> Iterator[tuple[int, int, int, int, Part]]:
-            for p, part in enumerate(parts):
-                known.append(part)
-                for s, (start, end) in enumerate(part.spans):
-                    for off, n in self._blocks(part, start, end):
-                        yield p, s, off, n, part
+    def copy_into(self, value: memoryview, out: np.ndarray) -> None:
+        """Values are private copies: a plain copy."""
+        out[:] = np.frombuffer(value, np.uint8)
 
-        pending = requests()
-        exhausted = False
-
-        def fill() -> None:  # every free buffer gets the next block of the stream
-            nonlocal exhausted
-            while free and not exhausted:
-                req = next(pending, None)
-                if req is None:
-                    exhausted = True
-                    return
-                p, s, off, n, part = req
-                buf = free.pop()
-                inflight.append([p, s, off, n, buf, pool.submit(self._fill, part, buf, off, n)])
-
-        def wait(r: list, part: Part) -> None:
-            fut: Future | None = r[5]
-            if fut is None:
-                return
-            try:
-                got = fut.result(timeout=self.read_timeout)
-            except _FutureTimeout:
-                raise OSError(errno.ETIMEDOUT, f"{part.path}: a read of {r[3]} bytes at offset "
-                              f"{r[2]} has not finished in {self.read_timeout:.0f} s; the disk or "
-                              "file system is not responding") from None
-            except OSError as e:
-                raise self._failure(e, part, r[2], r[3]) from e
-            if got < r[3]:
-                raise FormatError(f"{part.path}: ends at byte {r[2] + got}, before its records "
-                                  f"(which reach byte {r[2] + r[3]}); the file is truncated: "
-                                  "run `seqloader verify` on it")
-            r[5] = None
-
-        def recycle() -> None:
-            r = inflight.popleft()
-            fut = r[5]
-            if fut is not None and not fut.cancel():
-                try:
-                    fut.result(timeout=self.read_timeout)  # never reuse a buffer still being filled
-                except _FutureTimeout:
-                    return  # a hung read keeps its buffer: the ring shrinks by one
-                except Exception:  # noqa: BLE001 - its bytes are not used
-                    pass
-            free.append(r[4])
-
-        try:
-            p = 0
-            while True:
-                while not known and not exhausted:
-                    # blocks of parts already consumed (those of a record that was read on
-                    # its own can still be queued after its part's end) make room
-                    while inflight and inflight[0][0] < p:
-                        recycle()
-                    fill()
-                if not known:
-                    return
-                part = known.popleft()
-                ids = part.ids
-                for k in range(len(part.offsets)):
-                    s = 0 if ids is None else int(ids[k])
-                    off, n = int(part.offsets[k]), int(part.lengths[k])
-                    end = off + n
-                    # blocks wholly before this record are done with
-                    while inflight and ((inflight[0][0], inflight[0][1]) < (p, s) or (
-                            inflight[0][1] == s and inflight[0][2] + inflight[0][3] <= off)):
-                        recycle()
-                        fill()
-                    pieces: list[memoryview] | None = []
-                    pos, i = off, 0
-                    while pos < end:
-                        if i >= len(inflight):
-                            fill()
-                        if i >= len(inflight):  # the record is larger than the ring
-                            pieces = None
-                            break
-                        r = inflight[i]
-                        assert (r[0], r[1]) == (p, s) and r[2] <= pos < r[2] + r[3], \
-                            "direct stream out of order"
-                        wait(r, part)
-                        take = min(end, r[2] + r[3]) - pos
-                        pieces.append(r[4][pos - r[2]:pos - r[2] + take])
-                        pos += take
-                        i += 1
-                    if pieces is None:
-                        self.oversized += 1
-                        data = self._read_alone(part, off, n)
-                    else:
-                        data = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
-                    del pieces
-                    yield memoryview(data)
-                while inflight and inflight[0][0] <= p:  # the part's tail
-                    recycle()
-                p += 1
-        finally:
-            while inflight:
-                recycle()
+    def release(self, values: Sequence[memoryview]) -> None:
+        """Nothing to drop: values are private copies, freed with their last reference."""
 
     def close(self) -> None:
         """Stop the read threads (a read in flight finishes in the background; a pass's
@@ -339,6 +226,130 @@ class DirectStream:
             except BufferError:  # pragma: no cover - a view is still alive; GC closes it
                 pass
             self._mem = None
+
+
+class _Pass:
+    """One pass of a :class:`DirectStream`: the blocks of the parts' spans, read into the
+    ring's free buffers ``depth`` at a time (:meth:`fill`), and each record copied out
+    of them in order (:meth:`records`); a buffer is recycled once the records before
+    its block's end are out."""
+
+    def __init__(self, stream: DirectStream, parts: Iterable[Part]):
+        self.stream, self.pool, self.free = stream, stream._pool, stream._free
+        self.parts = iter(parts)
+        self.known: deque[Part] = deque()  # parts whose reads have started, not yet consumed
+        # reads submitted, in stream order: [part no, span no, offset, length, buffer,
+        # future (None once waited for)]; the pool runs `depth` of them at a time
+        self.inflight: deque[list] = deque()
+        self.pending = self._requests()
+        self.exhausted = False
+
+    def _requests(self) -> Iterator[tuple[int, int, int, int, Part]]:
+        for p, part in enumerate(self.parts):
+            self.known.append(part)
+            for s, (start, end) in enumerate(part.spans):
+                for off, n in self.stream._blocks(part, start, end):
+                    yield p, s, off, n, part
+
+    def fill(self) -> None:
+        """Every free buffer gets the next block of the stream."""
+        while self.free and not self.exhausted:
+            req = next(self.pending, None)
+            if req is None:
+                self.exhausted = True
+                return
+            p, s, off, n, part = req
+            buf = self.free.pop()
+            self.inflight.append([p, s, off, n, buf,
+                                  self.pool.submit(self.stream._fill, part, buf, off, n)])
+
+    def wait(self, r: list, part: Part) -> None:
+        fut: Future | None = r[5]
+        if fut is None:
+            return
+        timeout = self.stream.read_timeout
+        try:
+            got = fut.result(timeout=timeout)
+        except _FutureTimeout:
+            raise OSError(errno.ETIMEDOUT, f"{part.path}: a read of {r[3]} bytes at offset "
+                          f"{r[2]} has not finished in {timeout:.0f} s; the disk or "
+                          "file system is not responding") from None
+        except OSError as e:
+            raise self.stream._failure(e, part, r[2], r[3]) from e
+        if got < r[3]:
+            raise FormatError(f"{part.path}: ends at byte {r[2] + got}, before its records "
+                              f"(which reach byte {r[2] + r[3]}); the file is truncated: "
+                              "run `seqloader verify` on it")
+        r[5] = None
+
+    def recycle(self) -> None:
+        r = self.inflight.popleft()
+        fut = r[5]
+        if fut is not None and not fut.cancel():
+            try:
+                fut.result(timeout=self.stream.read_timeout)  # never reuse a buffer being filled
+            except _FutureTimeout:
+                return  # a hung read keeps its buffer: the ring shrinks by one
+            except Exception:  # noqa: BLE001 - its bytes are not used
+                pass
+        self.free.append(r[4])
+
+    def records(self) -> Iterator[memoryview]:
+        inflight = self.inflight
+        try:
+            p = 0
+            while True:
+                while not self.known and not self.exhausted:
+                    # blocks of parts already consumed (those of a record that was read on
+                    # its own can still be queued after its part's end) make room
+                    while inflight and inflight[0][0] < p:
+                        self.recycle()
+                    self.fill()
+                if not self.known:
+                    return
+                part = self.known.popleft()
+                yield from self._part(p, part)
+                while inflight and inflight[0][0] <= p:  # the part's tail
+                    self.recycle()
+                p += 1
+        finally:
+            while inflight:
+                self.recycle()
+
+    def _part(self, p: int, part: Part) -> Iterator[memoryview]:
+        inflight, ids = self.inflight, part.ids
+        for k in range(len(part.offsets)):
+            s = 0 if ids is None else int(ids[k])
+            off, n = int(part.offsets[k]), int(part.lengths[k])
+            end = off + n
+            # blocks wholly before this record are done with
+            while inflight and ((inflight[0][0], inflight[0][1]) < (p, s) or (
+                    inflight[0][1] == s and inflight[0][2] + inflight[0][3] <= off)):
+                self.recycle()
+                self.fill()
+            pieces: list[memoryview] | None = []
+            pos, i = off, 0
+            while pos < end:
+                if i >= len(inflight):
+                    self.fill()
+                if i >= len(inflight):  # the record is larger than the ring
+                    pieces = None
+                    break
+                r = inflight[i]
+                assert (r[0], r[1]) == (p, s) and r[2] <= pos < r[2] + r[3], \
+                    "direct stream out of order"
+                self.wait(r, part)
+                take = min(end, r[2] + r[3]) - pos
+                pieces.append(r[4][pos - r[2]:pos - r[2] + take])
+                pos += take
+                i += 1
+            if pieces is None:
+                self.stream.oversized += 1
+                data = self.stream._read_alone(part, off, n)
+            else:
+                data = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+            del pieces
+            yield memoryview(data)
 
 
 _HUGE = 2 << 20

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..errors import RemoteError
-from .direct import DirectStream, Part
+from .direct import DirectStream
+from .source import Part
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
 from ..format.files import db_name
@@ -361,7 +362,10 @@ class RemoteStream(DirectStream):
     yields each record of :class:`~seqloader.read.direct.Part` s (``path`` = the URL) as a
     memoryview of its own bytes, fetched as ranged GETs of ``block`` bytes, ``depth``
     in flight, ``window`` bytes at most held (NOTE [ remote reading ]); through the
-    block cache when ``options.cache_dir`` is set."""
+    block cache when ``options.cache_dir`` is set.  The ``remote``
+    :class:`~seqloader.read.source.ByteSource`."""
+
+    name = "remote"
 
     def __init__(self, source: RemoteSource, window: int = 128 << 20):
         opts = source.options
