@@ -21,7 +21,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
 
     d = WriteOptions()
     p.add_argument("imagenet_dir", help="folder holding train/ and/or val/ class folders")
-    p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files")
+    p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files, or a folder "
+                                    "URL (s3://bucket/prefix, gs://..., any fsspec protocol "
+                                    "that can write): each shard is written locally, then "
+                                    "uploaded")
     p.add_argument("--splits", nargs="+", metavar="SPLIT",
                    help="split folders to convert (default: train and val, where present)")
     p.add_argument("--val-labels", metavar="FILE",
@@ -49,6 +52,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "--no-verify, else decode processes (at most cores + 1)")
     p.add_argument("--no-paths", action="store_true", help="do not store source paths in records")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    p.add_argument("--staging", metavar="DIR",
+                   help="with a URL output: the local folder where shards are written before "
+                        "upload; needs about 2 x split size / --shards free (default: a "
+                        "folder in the system temp folder, $TMPDIR)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -63,7 +70,7 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        shard_ids=args.shard_ids, workers=args.workers,
                        overwrite=args.overwrite, progress=not args.no_progress)
     for r in preprocess(args.imagenet_dir, args.lmdb_dir, splits=args.splits,
-                        val_labels=args.val_labels, options=opt):
+                        val_labels=args.val_labels, options=opt, staging=args.staging):
         skipped = sum(s.skipped for s in r.shards)
         print(f"{r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB in "
               f"{len(r.shards)} file(s)" + (f" ({skipped} already complete)" if skipped else "")
