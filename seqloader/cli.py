@@ -28,7 +28,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "them gzip'd, or the original sequential loader's / tensorpack's LMDB "
                         "files (their pickled records are read by a restricted unpickler that "
                         "builds only numpy arrays and plain values and refuses anything else)")
-    p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files")
+    p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files, or a folder "
+                                    "URL (s3://bucket/prefix, gs://..., any fsspec protocol "
+                                    "that can write): each shard is written locally, then "
+                                    "uploaded (a folder tree as source)")
     p.add_argument("--splits", nargs="+", metavar="SPLIT",
                    help="split folders to convert (default: train and val, where present)")
     p.add_argument("--val-labels", metavar="FILE",
@@ -75,6 +78,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "--no-verify, else decode processes (at most cores + 1)")
     p.add_argument("--no-paths", action="store_true", help="do not store source paths in records")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    p.add_argument("--staging", metavar="DIR",
+                   help="with a URL output: the local folder where shards are written before "
+                        "upload; needs about 2 x split size / --shards free (default: a "
+                        "folder in the system temp folder, $TMPDIR)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -109,14 +116,20 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        image_format=args.image_format, short_side=args.short_side)
     if _is_folder_tree(args.sources):
         reports = preprocess(args.sources[0], args.lmdb_dir, splits=args.splits,
-                             val_labels=args.val_labels, options=opt)
+                             val_labels=args.val_labels, options=opt, staging=args.staging)
     else:
         if any(Path(s).is_dir() and not (Path(s) / "data.mdb").exists() for s in args.sources):
             raise ValueError("give one folder tree, or archive files; not both")
         if args.splits:
             raise ValueError("--splits names split folders of a folder tree; for archive "
                              "files use --split (or names such as *train*.tar)")
+        from .read.remote import is_url
         from .write.migrate import read_class_names
+
+        if is_url(args.lmdb_dir):
+            raise ValueError(f"archive sources are written to a local folder; give one, then "
+                             f"upload it (or preprocess the extracted folder tree straight to "
+                             f"{args.lmdb_dir})")
 
         reports = preprocess_sources(
             args.sources, args.lmdb_dir, split=args.split, val_labels=args.val_labels,

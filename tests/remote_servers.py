@@ -171,8 +171,14 @@ class FaultProxy:
                 head += chunk
             head, _, body = head.partition(b"\r\n\r\n")
             m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if re.search(rb"(?im)^expect:\s*100-continue", head):  # (uploads: body after this)
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                head = re.sub(rb"(?im)^expect:[^\r\n]*(\r\n|$)", b"", head).rstrip(b"\r\n")
             while m and len(body) < int(m.group(1)):
-                body += conn.recv(65536)
+                chunk = conn.recv(1 << 20)
+                if not chunk:
+                    return
+                body += chunk
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
             with self.lock:
                 n, self.count = self.count, self.count + 1

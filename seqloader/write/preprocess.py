@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..format.files import db_name
+from ..read.remote import is_url
 from .scan import Scan, scan_class_tree, scan_labelled_folder
 from .writer import WriteOptions, WriteReport, write_split
 
@@ -51,8 +52,15 @@ def scan_split(root: Path, split: str, *, labels_file: str | Path | None = None,
 
 def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
                splits: Sequence[str] | None = None, val_labels: str | Path | None = None,
-               options: WriteOptions | None = None) -> list[WriteReport]:
+               options: WriteOptions | None = None, staging: str | Path | None = None,
+               storage_options: dict | None = None) -> list[WriteReport]:
     """Write ``<lmdb_dir>/ILSVRC-<split>.lmdb`` (or its shards) for each split.
+
+    ``lmdb_dir`` may be a folder URL (``s3://bucket/prefix``, any fsspec protocol that
+    can write): each shard is then written in the local folder ``staging`` (default: one
+    in the system temp folder) and uploaded when complete, with ``storage_options`` for
+    fsspec (NOTE [ writing to object storage ] in :mod:`seqloader.write.upload`); the
+    reports' shard paths are then the objects' URLs.
 
     ``splits`` defaults to those of ``train``/``val`` that exist.  Training splits
     are shuffled with ``options.seed`` unless ``options.shuffle`` is False; other
@@ -65,7 +73,12 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     opt = options or WriteOptions()
     if not root.is_dir():
         raise FileNotFoundError(f"dataset folder {root} does not exist")
-    if out.exists() and not out.is_dir():
+    uploader = None
+    if isinstance(lmdb_dir, str) and is_url(lmdb_dir):
+        from .upload import Uploader
+
+        uploader = Uploader(lmdb_dir, staging=staging, storage_options=storage_options)
+    elif out.exists() and not out.is_dir():
         raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
                               "if missing) for the .lmdb files")
     if splits is None:
@@ -89,6 +102,9 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
                           f"{len(train_classes)}, so labels will not agree between the splits; "
                           "check the folders", stacklevel=2)
         split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(split, opt.shuffle)})
+        if uploader is not None:
+            reports.append(uploader.write_split(scan, split, split_opt))
+            continue
         out.mkdir(parents=True, exist_ok=True)
         reports.append(write_split(scan, out / f"{db_name(split)}.lmdb", split, split_opt))
     return reports
