@@ -4,7 +4,7 @@ encoded records (NOTE [ planned stages ]).
 NOTE [ one reader per rank ]
 Each rank has exactly one reader, which walks its slice of the file in order and
 hands encoded records to the decode workers; workers never touch the disk.
-Measured under hddsim (a 2 GB LMDB, 100 IO/s, 150 MiB/s; README "How it works"):
+Measured under hddsim (a 2 GB LMDB, 100 IO/s, 150 MiB/s; docs/how-it-works.md):
 one sequential reader reaches ~98 % of the disk's bandwidth, while 2 and 4 workers
 each reading their own interleaved batches got 80 % and 65 % -- every reader's
 stream restarts the kernel's readahead and costs extra requests (and, on a real

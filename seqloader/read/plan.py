@@ -38,7 +38,7 @@ __all__ = ["DEFAULT_CACHE", "DEFAULT_CHUNK", "PlanSpec", "EpochPlan", "make_chun
 Range = tuple[int, int]
 
 #: Shuffle-buffer records per rank (~550 MB of page cache for ImageNet JPEGs, not private
-#: memory); chosen from the shuffle-quality figures in the README.
+#: memory); chosen from the shuffle-quality figures in benchmarks/RESULTS.md.
 DEFAULT_CACHE = 5000
 #: Records per chunk of the epoch plan (~110 MB of ImageNet JPEGs: long sequential reads).
 DEFAULT_CHUNK = 1024

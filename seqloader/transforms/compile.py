@@ -50,7 +50,7 @@ def compile_fused(transform: Any, *, output: str = "float",
     eval_mode="approximate")`` as its transform.
     The pipeline consumes ``rng`` exactly as ``transform(img, rng)`` would, and gives
     the same pixels when no reduced decode applies (RandomResizedCrop: otherwise
-    README "Transforms" has the distance) and, for Resize + CenterCrop, in
+    docs/transforms.md, "Training crops", has the distance) and, for Resize + CenterCrop, in
     ``eval_mode="exact"``.
     """
     if output not in ("float", "uint8"):

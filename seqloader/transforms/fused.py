@@ -320,8 +320,8 @@ class FusedPipeline:
                                   flags=WARP_FLAGS[self.mode] | cv2.WARP_INVERSE_MAP), dst)
         else:
             # a reduced decode's box is fractional in decoded px: rounded to whole ones
-            # (each edge moves <= k/2 source px; an exact fractional resample measured
-            # +120-260 us per image: README "Transforms")
+            # (each edge moves <= k/2 source px: docs/transforms.md, "Training crops"; an
+            # exact fractional resample measured +120-260 us per image)
             y0, y1 = _span(box[0], box[2], dh)
             x0, x1 = _span(box[1], box[3], dw)
             resize(img[y0:y1, x0:x1], rh, rw, self.mode, self.antialias, dst=dst)

@@ -464,7 +464,7 @@ class _ShardWriter:
             os.posix_fadvise(self._fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
 
     def _locate(self, env: lmdb.Environment, keys: list[bytes]) -> np.ndarray | None:
-        """Extents of committed records (NOTE [ record extents ] in reader.py), or None
+        """Extents of committed records (NOTE [ record extents ] in shard.py), or None
         without /proc.  Called right after their commit, their pages are in the page
         cache, so this reads nothing from disk."""
         base = map_base(str(self.partial))
