@@ -194,7 +194,8 @@ def test_measure_library_function():
 
 
 def test_cpu_limit_both_paths(data):
-    from seqloader import open_database, scan_class_tree
+    from seqloader import open_database
+    from seqloader.write.scan import scan_class_tree
 
     root, db = data
     tf = bench.imagenet_train_transform()

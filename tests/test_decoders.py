@@ -13,7 +13,9 @@ import pytest
 import simplejpeg
 
 from conftest import read_records
-from seqloader import Loader, WriteOptions, scan_class_tree, write_split
+from seqloader import Loader, WriteOptions
+from seqloader.write.scan import scan_class_tree
+from seqloader.write.writer import write_split
 from seqloader.format.decoders import captured_stderr, clean_jpeg_header
 from seqloader.write.prepare import check_stored, prepare_image, sniff_format
 from seqloader.transforms import Compose, RandomResizedCrop, ToTensor

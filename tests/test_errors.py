@@ -97,9 +97,9 @@ def test_writer(synth_tree, tmp_path, monkeypatch, nw):
     """An unexpected failure of the image preparation (not a bad image: those are
     bad-files rows) -- in this process (reading only: threads) or in the decode
     check's worker processes."""
-    from seqloader.write import writer
+    from seqloader.write import shard, writer
 
-    real = writer.prepare_image
+    real = shard.prepare_image
 
     def prepare(data, **kw):
         if bytes(data[-64:]) in bad:
@@ -109,7 +109,7 @@ def test_writer(synth_tree, tmp_path, monkeypatch, nw):
     scan = scan_class_tree(synth_tree.root / "val")
     paths = [p for p in scan.paths if str(p).startswith(scan.classes[2])]
     bad = {(scan.root / paths[0]).read_bytes()[-64:]}
-    monkeypatch.setattr(writer, "prepare_image", prepare)
+    monkeypatch.setattr(shard, "prepare_image", prepare)
     with pytest.raises(RecordError) as ei:
         _quiet(writer.write_split, scan, tmp_path / "ILSVRC-val.lmdb", "val",
                WriteOptions(progress=False, workers=2, shuffle=False, verify=nw > 0))

@@ -14,8 +14,9 @@ import pytest
 
 from conftest import (assert_extents_match, raw_items, read_records, resident_fraction,
                       skip_unless_pages_can_be_dropped)
-from seqloader import (BadImageError, WriteOptions, open_database, preprocess,
-                       scan_class_tree, write_split)
+from seqloader import BadImageError, WriteOptions, open_database, preprocess
+from seqloader.write.scan import scan_class_tree
+from seqloader.write.writer import write_split
 from seqloader.cli import main as cli
 from seqloader.format.meta import PLAIN_VERSION
 from seqloader.format.keys import META_KEY, encode_key
@@ -280,7 +281,7 @@ def test_map_grows_on_demand(synth_tree, tmp_path):
 KILLABLE = textwrap.dedent("""
     import sys, time, warnings
     warnings.simplefilter("ignore")
-    import seqloader.write.writer as w
+    import seqloader.write.shard as w
     real = w.prepare_image
     def slow(*a, **k):
         time.sleep(0.01)
@@ -563,8 +564,8 @@ def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp
 
 def test_restart_markers_without_jpegtran_is_a_clear_error(monkeypatch, synth_tree, tmp_path,
                                                           capsys):
-    import seqloader.write.writer
-    monkeypatch.setattr(seqloader.write.writer.shutil, "which", lambda name: None)
+    import seqloader.write.options
+    monkeypatch.setattr(seqloader.write.options.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="jpegtran on PATH .*apt install libjpeg-turbo-progs"):
         _opts(restart_markers=True)
     assert cli(["preprocess", str(synth_tree.root), str(tmp_path / "o"), "--restart-markers",
@@ -680,7 +681,7 @@ def test_a_run_that_waited_for_another_to_finish_takes_its_result(synth_tree, tm
     the finished database (not write into the renamed file or trip over stale state)."""
     import shutil
 
-    import seqloader.write.writer as W
+    import seqloader.write.shard as W
 
     _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     final = tmp_path / "ILSVRC-val.lmdb"
@@ -705,9 +706,10 @@ def test_overwrite_waits_for_the_writers_lock_before_removing_anything(synth_tre
     must take the lock first, and fail as usual while another process holds it."""
     import fcntl
 
+    import seqloader.write.files as F
     import seqloader.write.writer as W
 
-    real_commit, real_lock = W._ShardWriter._commit, W._lock_or_fail
+    real_commit, real_lock = W._ShardWriter._commit, F._lock_or_fail
 
     def stop_midway(self, env, pending, meta):
         real_commit(self, env, pending, meta)
@@ -718,7 +720,7 @@ def test_overwrite_waits_for_the_writers_lock_before_removing_anything(synth_tre
         _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"],
                options=_opts(commit_bytes=1))
     monkeypatch.setattr(W._ShardWriter, "_commit", real_commit)
-    monkeypatch.setattr(W, "_lock_or_fail", lambda lockf, path: real_lock(lockf, path, 0.2))
+    monkeypatch.setattr(F, "_lock_or_fail", lambda lockf, path: real_lock(lockf, path, 0.2))
     partial = tmp_path / "ILSVRC-val.lmdb.partial"
     before, inode = raw_items(partial), partial.stat().st_ino
     with open(partial, "rb") as held:  # the other writer's lock

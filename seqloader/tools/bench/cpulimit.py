@@ -19,13 +19,13 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     """Images/s of the decode+transform code of one loader, in ONE process and thread,
     over encoded images already in memory (no I/O): the most one worker can deliver.
 
-    ``source`` selects the code path.  A :class:`~seqloader.Database` (or a database
+    ``source`` selects the code path.  A :class:`~seqloader.read.database.Database` (or a database
     path): what a seqloader worker does -- with a fused pipeline
     (``compile_fused(transform)``) the workers' own ``decode_batch`` over batches of 16
     records (unpack, draw, decode into preallocated samples: NOTE [ draw, then decode ]
     in ``seqloader/dataflow/batch.py``), or, for other transforms, msgpack-unpack +
     ``decode_rgb`` + transform + copy into a sample.  A
-    :class:`~seqloader.Scan` or a sequence of image file paths: what the files loader
+    :class:`~seqloader.write.scan.Scan` or a sequence of image file paths: what the files loader
     does -- ``decode_rgb`` + transform.  ``records`` images spread over the data are
     read first; the loop runs whole passes over them until ``seconds`` have passed
     (OpenCV limited to one thread meanwhile).  Multiply by the cores used for the
