@@ -24,17 +24,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import os
 import tarfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import _read_label_lines, is_image_file
+from .scan import is_image_file
 
-__all__ = ["Item", "ClassSeen", "Source", "TarSource", "open_source", "source_kind", "read_item",
+__all__ = ["Item", "ClassSeen", "Source", "open_source", "source_kind", "read_item",
            "close_files"]
 
 #: Read-ahead of archive files: large requests keep a disk streaming (a 128 KB
@@ -216,238 +214,6 @@ def _stem(name: str) -> str:
     return base
 
 
-class TarSource(Source):
-    """Base of the tar kinds: walks each file's members from a cursor."""
-
-    def events(self, cursor: Cursor) -> Iterator[tuple[Item | ClassSeen, Cursor]]:
-        start_file = cursor[0] if cursor else 0
-        self._pos = sum(self._file_sizes[:start_file])
-        for k in range(start_file, len(self.files)):
-            path = self.files[k]
-            f, raw = _open_archive(path)
-            self._direct = None if isinstance(f, gzip.GzipFile) else str(path)
-            base = sum(self._file_sizes[:k])
-            try:
-                sub = cursor[1:] if cursor and k == start_file else []
-                for ev, pos in self._file_events(k, f, sub, str(path)):
-                    self._pos = base + raw.tell()
-                    yield ev, [k, *pos]
-            finally:
-                f.close()
-                raw.close()
-            self._pos = base + self._file_sizes[k]
-
-    def _file_events(self, k: int, f, sub: list, where: str):
-        raise NotImplementedError
-
-    def _item(self, name: str, label: int | str, tf: tarfile.TarFile, m: tarfile.TarInfo,
-              where: str, base: int | None = 0) -> Item:
-        """An item whose data is located (NOTE [ data by location ]) where the member is
-        stored as is at ``base + m.offset_data`` of the file, else read now."""
-        if self._direct is not None and base is not None and m.sparse is None:
-            return Item(name, label, None, (self._direct, base + m.offset_data, m.size))
-        return Item(name, label, _read(tf, m, where))
-
-
-class TreeTar(TarSource):
-    """A tar of a class-folder tree: ``[top/]class/.../image``; the class is the first
-    folder (a single top folder named like the split or the archive is dropped)."""
-
-    kind = "tree"
-
-    def __init__(self, files, *, split: str = "", classes=None):
-        super().__init__(files, classes=classes)
-        self.split = split
-
-    def _file_events(self, k, f, sub, where):
-        tf = _tar_at(f, sub[0] if sub else 0, where)
-        strip = None
-        for m in _members(tf, where):
-            name = _clean(m.name)
-            parts = name.split("/")
-            if not m.isfile() or not is_image_file(parts[-1]) or any(
-                    p.startswith(".") for p in parts[1:-1]):
-                continue
-            if strip is None:
-                strip = len(parts) >= 3 and parts[0] in (self.split, _stem(self.files[k].name))
-            if strip:
-                parts = parts[1:]
-            if len(parts) < 2:
-                raise ValueError(f"{where}: image {m.name} is not inside a class folder; a tar "
-                                 "of a class tree holds class/image paths (for flat images "
-                                 "give their labels with --val-labels)")
-            yield self._item("/".join(parts), parts[0], tf, m, where), [tf.offset]
-
-
-class TarOfTars(TarSource):
-    """A tar of per-class tars (ImageNet train): the inner tar's name is the class, its
-    images the class's; records are named ``class/image`` as in the extracted tree."""
-
-    kind = "tar-of-tars"
-
-    def _file_events(self, k, f, sub, where):
-        outer = _tar_at(f, sub[0] if sub else 0, where)
-        resume = sub[1] if len(sub) > 1 else None  # inside the inner tar at sub[0]
-        for m in _members(outer, where):
-            if not m.isfile() or not m.name.lower().endswith(_TAR_SUFFIXES):
-                continue
-            cls = _stem(_clean(m.name))
-            after = outer.offset
-            if resume is None:
-                start = 0
-                yield ClassSeen(cls), [m.offset, 0]
-            else:
-                start, resume = resume, None
-            inner_where = f"{where}:{m.name}"
-            inner, base = outer.extractfile(m), m.offset_data
-            if m.name.lower().endswith((".gz", ".tgz")) or m.sparse is not None:
-                inner, base = gzip.GzipFile(fileobj=inner, mode="rb"), None
-            tf = _tar_at(inner, start, inner_where)
-            for im in _members(tf, inner_where):
-                name = _clean(im.name).rsplit("/", 1)[-1]
-                if im.isfile() and is_image_file(name):
-                    yield (self._item(f"{cls}/{name}", cls, tf, im, inner_where, base),
-                           [m.offset, tf.offset])
-            outer.offset = after
-
-
-class FlatTar(TarSource):
-    """A tar of images without folders-as-classes, labelled by a labels file: lines
-    ``filename class`` / ``filename index`` or CSV such as Kaggle's
-    ``LOC_val_solution.csv`` (a header line is skipped).  A file name may omit its
-    extension; every image needs a label."""
-
-    kind = "flat"
-
-    def __init__(self, files, labels_file: str | Path, *, classes=None):
-        super().__init__(files, classes=classes)
-        self.labels_file = Path(labels_file)
-        if not self.labels_file.is_file():
-            raise FileNotFoundError(f"labels file {self.labels_file} does not exist")
-        rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
-            _TAR_SUFFIXES) else _read_label_lines(self.labels_file))
-        if len(rows) > 1:
-            tok = rows[0][2]  # a header such as "ImageId,PredictionString"
-            if not (tok.isdigit() or (classes is not None and tok in classes)
-                    or any(t == tok for _, _, t in rows[1:])):
-                rows = rows[1:]
-        self.label_of: dict[str, int | str] = {}
-        for lineno, name, tok in rows:
-            label: int | str = int(tok) if tok.isdigit() and not (
-                classes is not None and tok in classes) else tok
-            old = self.label_of.setdefault(name, label)
-            if old != label:
-                raise ValueError(f"{self.labels_file}:{lineno}: {name} is labelled twice, "
-                                 "differently")
-
-    def check_names(self, names: Sequence[str]) -> None:
-        """Warn about labels whose image was not in the archive (all records read)."""
-        found = set()
-        for n in names:
-            base = n.rsplit("/", 1)[-1]
-            found.update((base, os.path.splitext(base)[0]))
-        unused = [k for k in self.label_of if k not in found]
-        if unused:
-            warnings.warn(f"{self.labels_file}: {len(unused)} labelled image(s) are not in "
-                          f"{', '.join(f.name for f in self.files)} (e.g. {unused[:3]}); is "
-                          "this the labels file of these archives?", stacklevel=2)
-
-    def identity(self) -> str:
-        digest = hashlib.blake2b(self.labels_file.read_bytes(), digest_size=16).hexdigest()
-        return super().identity() + digest
-
-    def _file_events(self, k, f, sub, where):
-        tf = _tar_at(f, sub[0] if sub else 0, where)
-        for m in _members(tf, where):
-            name = _clean(m.name)
-            base = name.rsplit("/", 1)[-1]
-            if not m.isfile() or not is_image_file(base):
-                continue
-            label = self.label_of.get(base, self.label_of.get(os.path.splitext(base)[0]))
-            if label is None:
-                raise ValueError(f"{where}: image {name} has no line in {self.labels_file}; "
-                                 "add its label (or use the labels file of this archive)")
-            yield self._item(name, label, tf, m, where), [tf.offset]
-
-
-def _devkit_rows(devkit: Path) -> list[tuple[int, str, str]]:
-    """(line, file name, WordNet id) of ImageNet's val images from the devkit tar
-    (``ILSVRC2012_devkit_t12.tar.gz``): ``data/ILSVRC2012_validation_ground_truth.txt``
-    gives each val image's ILSVRC2012_ID, ``data/meta.mat`` maps those ids to WordNet
-    ids; reading that MATLAB file needs scipy (optional)."""
-    try:
-        from scipy.io import loadmat
-    except ImportError:
-        raise ValueError(f"reading {devkit.name}'s meta.mat needs scipy (pip install scipy); "
-                         "or give --val-labels LOC_val_solution.csv (Kaggle) or a "
-                         "'filename wnid' file") from None
-    truth = meta = None
-    with tarfile.open(devkit) as tf:
-        for m in tf:
-            if m.name.endswith("data/ILSVRC2012_validation_ground_truth.txt"):
-                truth = tf.extractfile(m).read().decode().split()
-            elif m.name.endswith("data/meta.mat"):
-                meta = loadmat(io.BytesIO(tf.extractfile(m).read()), squeeze_me=True)
-    if truth is None or meta is None:
-        raise ValueError(f"{devkit} lacks data/ILSVRC2012_validation_ground_truth.txt or "
-                         "data/meta.mat; give the ILSVRC2012 devkit (devkit_t12)")
-    wnid = {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in meta["synsets"]}
-    return [(i, f"ILSVRC2012_val_{i:08d}.JPEG", wnid[int(t)]) for i, t in enumerate(truth, 1)]
-
-
-class WebDataset(TarSource):
-    """webdataset shards: consecutive members ``key.<image ext>`` + ``key.cls`` (an integer
-    label) or ``key.json`` (an object with ``label``/``cls``: an index or a class name).
-    Records are named ``<shard>/<key>.<ext>``."""
-
-    kind = "webdataset"
-
-    def _file_events(self, k, f, sub, where):
-        tf = _tar_at(f, sub[0] if sub else 0, where)
-        shard = _stem(self.files[k].name)
-        key, parts = None, {}
-        for m in _members(tf, where):
-            if not m.isfile():
-                continue
-            name = _clean(m.name)
-            d, _, base = name.rpartition("/")
-            mkey, _, ext = base.partition(".")
-            mkey = f"{d}/{mkey}" if d else mkey
-            if mkey != key:
-                if key is not None:
-                    yield self._sample(where, shard, key, parts), [m.offset]
-                key, parts = mkey, {}
-            ext = ext.lower()
-            if ext in _LABEL_EXTS or is_image_file(base):
-                parts[ext] = _read(tf, m, where)
-        if key is not None:
-            yield self._sample(where, shard, key, parts), [tf.offset]
-
-    def _sample(self, where: str, shard: str, key: str, parts: dict) -> Item:
-        images = [e for e in parts if e not in _LABEL_EXTS]
-        if len(images) != 1:
-            raise ValueError(f"{where}: sample {key!r} has {len(images)} images "
-                             f"({sorted(parts)}); expected one key.jpg (or .png, ...)")
-        if "cls" in parts:
-            text = parts["cls"].decode("utf-8", "replace").strip()
-            if not text.lstrip("-").isdigit() or int(text) < 0:
-                raise ValueError(f"{where}: {key}.cls holds {text[:40]!r}, not a label index")
-            label: int | str = int(text)
-        elif "json" in parts:
-            try:
-                obj = json.loads(parts["json"])
-            except ValueError as e:
-                raise ValueError(f"{where}: {key}.json is not JSON ({e})") from None
-            label = obj.get("label", obj.get("cls")) if isinstance(obj, dict) else None
-            if not isinstance(label, (int, str)) or isinstance(label, bool) or (
-                    isinstance(label, int) and label < 0):
-                raise ValueError(f"{where}: {key}.json has no 'label' (or 'cls') index or class "
-                                 f"name: {parts['json'][:80]!r}")
-        else:
-            raise ValueError(f"{where}: sample {key!r} has no {key}.cls or {key}.json label")
-        return Item(f"{shard}/{key}.{images[0]}", label, parts[images[0]])
-
-
 def _peek(path: Path, n: int = 32) -> list[tarfile.TarInfo]:
     f, raw = _open_archive(path)
     try:
@@ -508,6 +274,8 @@ def open_source(files: Sequence[str | Path], *, split: str = "",
         from .migrate import TensorpackLMDB
 
         return TensorpackLMDB(files, classes=classes)
+    from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
+
     if kind == "flat":
         return FlatTar(files, labels_file, classes=classes)
     if kind == "tree":
