@@ -118,7 +118,7 @@ def test_resize_top_margin_is_enough():
                 rows = sum(1 for r in range(nh) if (r + 1) * s + reach <= cut)
                 assert rows > 0 and np.array_equal(top[:rows], whole[:rows]), (mode, nh, cut)
                 checked += 1
-    assert checked == 3 * 4 * 16
+    assert checked == len(_resample.TOP_MODES) * 4 * 16
 
 
 def test_eval_mode_option_and_passing_a_pipeline():
