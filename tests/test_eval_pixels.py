@@ -63,6 +63,7 @@ RECIPES = {
     "upscale-pad": Compose([Resize(520), CenterCrop(600)]),  # grows, then pads
     "mixed": Compose([Resize((400, 300)), CenterCrop(224)]),  # one axis up, one down
     "max-size": Compose([Resize(None, max_size=300), CenterCrop(200)]),
+    "pil-bilinear": Compose([Resize(256, interpolation="pil-bilinear"), CenterCrop(224)]),
 }
 
 
@@ -82,7 +83,7 @@ def test_exact_eval_is_the_unfused_transforms(photos, name):
         out = np.empty(pipe.out_shape, pipe.out_dtype)
         pipe.finish(prep, out)
         assert np.array_equal(out, recipe(decode_rgb(data))), name
-    if name in ("val", "val128", "box", "nearest"):
+    if name in ("val", "val128", "box", "nearest", "pil-bilinear"):
         assert stopped >= 2  # rows below the crop (+ the kernel's reach) are not decoded
 
 
@@ -118,7 +119,7 @@ def test_resize_top_margin_is_enough():
                 rows = sum(1 for r in range(nh) if (r + 1) * s + reach <= cut)
                 assert rows > 0 and np.array_equal(top[:rows], whole[:rows]), (mode, nh, cut)
                 checked += 1
-    assert checked == 3 * 4 * 16
+    assert checked == len(_resample.TOP_MODES) * 4 * 16
 
 
 def test_eval_mode_option_and_passing_a_pipeline():
@@ -165,9 +166,11 @@ def test_transforms_vs_pil_on_the_same_array():
     array: the remaining distance is the antialiasing approximation (NOTE
     [ interpolation equivalence ]: halvings + a variance-matched blur + bilinear instead
     of a triangle filter of the scale's width), measured ~1.1 grey levels on detailed
-    photos; the sizes and crop offsets are torchvision's exactly."""
+    photos; the sizes and crop offsets are torchvision's exactly.  ``pil-bilinear``
+    is PIL's resample itself: 0 levels (NOTE [ exact PIL bilinear ])."""
     Image = pytest.importorskip("PIL.Image")
     dist = []
+    exact = RECIPES["pil-bilinear"]
     for i, (h, w) in enumerate(DETAILED[:3]):
         img = decode_rgb(detailed_jpeg(h, w, 40 + i))
         ours = RECIPES["val"](img)
@@ -178,6 +181,7 @@ def test_transforms_vs_pil_on_the_same_array():
         ref = np.asarray(pil.crop((left, top, left + 224, top + 224)))
         assert ours.shape == ref.shape
         dist.append(_levels(ours, ref))
+        assert np.array_equal(exact(img), ref), (h, w)
     assert np.mean(dist) < 1.5
 
 

@@ -16,7 +16,8 @@ PKG = REPO / "seqloader" / "transforms"
 ALLOWED = {
     "rng": set(),
     "geometry": set(),
-    "resample": set(),
+    "pilresize": set(),
+    "resample": {"pilresize"},
     "jpegwindow": set(),
     "tensor": {"rng"},
     "ops": {"rng", "geometry", "resample", "jpegwindow"},

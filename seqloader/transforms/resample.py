@@ -20,6 +20,9 @@ levels on photo-like images).  So an antialiased downscale here is:
 Upscaling uses step 3 only.  ``antialias=False`` uses step 3 only, also when
 shrinking (like torchvision's tensor path).  ``box`` is ``INTER_AREA``; ``nearest``
 is ``INTER_NEAREST`` and ``nearest-exact`` ``INTER_NEAREST_EXACT``.
+``pil-bilinear`` is PIL's own bilinear resample, bit-exact (``pilresize.py``, NOTE [ exact
+PIL bilinear ]): always antialiased, as PIL is (``antialias`` is ignored), and ~4-5x the
+cost of the approximation above (benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -29,10 +32,14 @@ from typing import Any
 import cv2
 import numpy as np
 
-__all__ = ["MODES", "SMOOTH_MODES", "TOP_MODES", "WARP_FLAGS", "interpolation_name", "resize",
-           "resize_top", "top_reach", "ensure_in"]
+from .pilresize import pil_resize, pil_resize_top
 
-MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos")
+__all__ = ["MODES", "PIL_BILINEAR", "SMOOTH_MODES", "TOP_MODES", "WARP_FLAGS", "interpolation_name",
+           "resize", "resize_top", "top_reach", "ensure_in"]
+
+MODES = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "lanczos", "pil-bilinear")
+#: PIL's exact bilinear resample (NOTE [ exact PIL bilinear ] in ``pilresize.py``)
+PIL_BILINEAR = "pil-bilinear"
 _UP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "box": cv2.INTER_AREA,
        "lanczos": cv2.INTER_LANCZOS4}
 _NEAREST = {"nearest": cv2.INTER_NEAREST, "nearest-exact": cv2.INTER_NEAREST_EXACT}
@@ -74,6 +81,9 @@ def resize(src: np.ndarray, out_h: int, out_w: int, mode: str, antialias: bool,
     sh, sw = src.shape[:2]
     if (sh, sw) == (out_h, out_w):
         return src if dst is None else ensure_in(src, dst)
+    if mode == PIL_BILINEAR:
+        res = pil_resize(src, out_h, out_w)
+        return res if dst is None else ensure_in(res, dst)
     if src.ndim == 3 and src.shape[2] == 1:  # OpenCV drops a single channel axis
         res = resize(src[..., 0], out_h, out_w, mode, antialias,
                      None if dst is None else dst[..., 0])
@@ -117,6 +127,8 @@ def resize_top(src: np.ndarray, extent: tuple[int, int], out_h: int, out_w: int,
         raise ValueError(f"resize_top: {mode!r} needs the whole image (TOP_MODES)")
     if src.shape[1] != ew or src.shape[0] > eh:
         raise ValueError(f"resize_top: {src.shape[:2]} is not the top of a {extent} image")
+    if mode == PIL_BILINEAR:  # only the rows it can render exactly (<= top_reach's)
+        return pil_resize_top(src, eh, out_h, out_w)
     if mode == "box" and (out_h < eh) != (out_w < ew) and out_h != eh and out_w != ew:
         raise ValueError("resize_top: 'box' with one axis growing needs the whole image")
     if src.ndim == 3 and src.shape[2] == 1:
@@ -138,7 +150,7 @@ def resize_top(src: np.ndarray, extent: tuple[int, int], out_h: int, out_w: int,
 #: INTER_NEAREST_EXACT (its mapping comes from the sizes, not the scale) nor INTER_CUBIC /
 #: INTER_LANCZOS4 (rows differ by 1 grey level depending on the output's height: measured
 #: far from the cut, single-threaded too)
-TOP_MODES = frozenset(("bilinear", "box", "nearest"))
+TOP_MODES = frozenset(("bilinear", "box", "nearest", PIL_BILINEAR))
 
 
 def top_reach(height: int, out_h: int) -> int:
