@@ -25,7 +25,8 @@ from ..errors import FormatError
 if TYPE_CHECKING:  # (imported when a URL is opened)
     from .remote import RemoteOptions, RemoteSource
 
-__all__ = ["Database", "open_env", "close_env", "read_meta", "open_database", "empty_reason"]
+__all__ = ["Database", "open_env", "close_env", "read_meta", "file_meta", "open_database",
+           "empty_reason"]
 
 
 # NOTE [ one environment per file and process ]
@@ -99,6 +100,18 @@ def close_env(env: lmdb.Environment) -> None:
 def read_meta(env: lmdb.Environment, where: str | Path, *, require_complete: bool = True) -> Meta:
     with env.begin(buffers=False) as txn:
         return unpack_meta(txn.get(META_KEY), where=str(where), require_complete=require_complete)
+
+
+def file_meta(path: str | Path) -> Meta | None:
+    """The metadata of the file at ``path``, complete or not; None when it holds no
+    seqloader metadata (for writers deciding whether a file is theirs)."""
+    env = open_env(path)
+    try:
+        return read_meta(env, path, require_complete=False)
+    except FormatError:
+        return None
+    finally:
+        close_env(env)
 
 
 @dataclass(frozen=True)

@@ -385,9 +385,8 @@ def _already_written(out: Path, split: str, opt: WriteOptions
     """The outputs of a finished run of this command (no scratch left), without reading
     the source again; None unless all of them exist.  Their records' names are not
     compared with the source (that needs a pass over it): options and split are."""
-    from ..errors import FormatError
     from ..format.files import shard_path
-    from ..read.database import close_env, open_env, read_meta
+    from ..read.database import file_meta
     from .writer import ShardResult
 
     finals = [shard_path(out, k, opt.shards) for k in
@@ -396,13 +395,7 @@ def _already_written(out: Path, split: str, opt: WriteOptions
         return None
     report, classes = WriteReport(split), []
     for f in finals:
-        env = open_env(f)
-        try:
-            meta = read_meta(env, f, require_complete=False)
-        except FormatError:
-            meta = None
-        finally:
-            close_env(env)
+        meta = file_meta(f)
         w = (meta.writer or {}) if meta else {}
         same = meta is not None and meta.complete and (
             meta.split, meta.shuffled, meta.seed if meta.shuffled else None, meta.num_shards,

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import __version__
-from ..read.database import Database, close_env, open_env, read_meta
+from ..read.database import Database, close_env, file_meta, open_env, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
 from ..format.meta import EXTENT_DTYPE, Meta, file_version, pack_meta
 from ..format.keys import META_KEY, encode_key
@@ -371,13 +371,7 @@ class _ShardWriter:
 def _existing(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions) -> ShardResult:
     """The result of ``final``, already complete, if this command (``scan``, ``opt``, whose
     plan has ``fingerprint``) wrote it: not with ``--strict`` if it skipped bad files."""
-    env = open_env(final)
-    try:
-        meta = read_meta(env, final, require_complete=False)
-    except FormatError:
-        meta = None
-    finally:
-        close_env(env)
+    meta = file_meta(final)
     if meta is None or not meta.complete or meta.fingerprint != fingerprint:
         why = ("different sources, order or options" if meta is None
                else _what_differs(meta, scan, opt))
