@@ -18,7 +18,7 @@ import pytest
 from seqloader.format.keys import META_KEY
 from seqloader.read.lmdbpages import lookup_first_leaf
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/ (remote_servers.py, nginx.conf)
 sys.path.insert(0, str(HERE))
 import remote_servers as rs  # noqa: E402
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "seqloader" / "transforms"
 
 #: What each module may import from its siblings (directly); nothing may import the

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/ (remote_servers.py, nginx.conf)
 sys.path.insert(0, str(HERE))
 import remote_servers as rs  # noqa: E402
 

@@ -16,7 +16,7 @@ from seqloader.errors import WorkerDiedError, WorkerError, RecordError
 
 SMALL = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _shm():

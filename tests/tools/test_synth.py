@@ -273,7 +273,7 @@ def test_workers_after_parent_used_opencv_threads(tmp_path):
         "assert cv2.getNumThreads() == n0  # the caller's setting is restored\n"
         "print('ok')\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ds")], cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

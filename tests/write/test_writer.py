@@ -25,7 +25,7 @@ from seqloader.errors import IncompleteError
 from seqloader.write.prepare import decode_bgr
 from seqloader.write.writer import write_order
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _opts(**kw):

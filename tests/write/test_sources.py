@@ -24,7 +24,7 @@ from seqloader.write.preprocess import preprocess_sources
 from seqloader.write.sources import Item, open_source
 from seqloader.write.writer import BadImageError, WriteOptions
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _opts(**kw) -> WriteOptions:
