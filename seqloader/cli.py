@@ -115,6 +115,12 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        overwrite=args.overwrite, progress=not args.no_progress,
                        image_format=args.image_format, short_side=args.short_side)
     if _is_folder_tree(args.sources):
+        given = [f for f, v in (("--split", args.split), ("--class-names", args.class_names),
+                                ("--memory-budget", args.memory_budget),
+                                ("--scratch", args.scratch)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: for archive sources; a folder tree's splits "
+                             "are its folders (--splits) and its order needs no scratch: drop it")
         reports = preprocess(args.sources[0], args.lmdb_dir, splits=args.splits,
                              val_labels=args.val_labels, options=opt, staging=args.staging)
     else:
@@ -123,13 +129,10 @@ def run_preprocess(args: argparse.Namespace) -> int:
         if args.splits:
             raise ValueError("--splits names split folders of a folder tree; for archive "
                              "files use --split (or names such as *train*.tar)")
-        from .read.remote import is_url
+        if args.staging is not None:
+            raise ValueError("--staging is for uploading a folder tree's shards to a URL; "
+                             "archive sources are written to a local folder: drop it")
         from .write.migrate import read_class_names
-
-        if is_url(args.lmdb_dir):
-            raise ValueError(f"archive sources are written to a local folder; give one, then "
-                             f"upload it (or preprocess the extracted folder tree straight to "
-                             f"{args.lmdb_dir})")
 
         reports = preprocess_sources(
             args.sources, args.lmdb_dir, split=args.split, val_labels=args.val_labels,

@@ -165,9 +165,11 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                 del views
                 labels[:n] = got
             except FormatError:
-                reader.release([v for _, v in recs])
-                raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs],
-                                   labels[:n], samples[:n], None)
+                try:
+                    raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs],
+                                       labels[:n], samples[:n], None)
+                finally:  # (after decode_batch, which maps the values' pages again)
+                    reader.release([v for _, v in recs])
             yield j, n, (labels[:n], samples[:n]), raw, None
 
     def __len__(self) -> int:

@@ -78,6 +78,9 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
         from .upload import Uploader
 
         uploader = Uploader(lmdb_dir, staging=staging, storage_options=storage_options)
+    elif staging is not None:
+        raise ValueError(f"staging={staging} (--staging) is for an output URL, where shards are "
+                         f"written locally, then uploaded; {lmdb_dir} is a local folder: drop it")
     elif out.exists() and not out.is_dir():
         raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
                               "if missing) for the .lmdb files")
@@ -135,8 +138,16 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
     from .sources import open_source
 
-    out = Path(lmdb_dir)
     opt = options or WriteOptions()
+    if is_url(lmdb_dir):
+        raise ValueError(f"archive sources are written to a local folder; give one, then "
+                         f"upload it (or preprocess the extracted folder tree straight to "
+                         f"{lmdb_dir})")
+    if opt.image_format != "jpeg":
+        raise ValueError(f"image_format={opt.image_format!r} (--format pixels) is not "
+                         "supported for archive sources yet; preprocess them as JPEG, or the "
+                         "extracted folder tree with --format pixels")
+    out = Path(lmdb_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
                               "if missing) for the .lmdb files")

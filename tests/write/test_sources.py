@@ -395,3 +395,27 @@ def test_preprocess_tar_benchmark_runs_warm(synth_tree, tmp_path):
     assert p.returncode == 0, p.stderr
     (r,) = json.loads((tmp_path / "r.json").read_text())
     assert r["run"] == "tar-verify-warm" and r["images"] == 48 and r["pass2_s"] > 0
+
+
+def test_options_that_do_not_apply_are_refused(train_tar, synth_tree, tmp_path, capsys):
+    """Archive sources: no URL output, no stored pixels (yet), no --staging; a folder
+    tree: no archive-only options -- each a usage error naming the option, never a
+    silent no-op (pixels were written as JPEG records labelled "pixels")."""
+    from seqloader.cli import main
+
+    with pytest.raises(ValueError, match="written to a local folder"):
+        preprocess_sources([train_tar], "s3://bucket/prefix")
+    with pytest.raises(ValueError, match="not supported for archive sources"):
+        preprocess_sources([train_tar], tmp_path / "o",
+                           options=WriteOptions(image_format="pixels", short_side=64,
+                                                progress=False))
+    for args, needle in ((["--staging", str(tmp_path / "s")], "--staging"),):
+        assert main(["preprocess", str(train_tar), str(tmp_path / "o"), *args]) == 2
+        assert needle in capsys.readouterr().err
+    for args in (["--memory-budget", "1G"], ["--split", "train"], ["--scratch", str(tmp_path)]):
+        assert main(["preprocess", str(synth_tree.root), str(tmp_path / "o"), *args]) == 2
+        assert args[0] in capsys.readouterr().err
+    assert main(["preprocess", str(synth_tree.root), str(tmp_path / "o"), "--staging",
+                 str(tmp_path / "s")]) == 2
+    assert "--staging" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
