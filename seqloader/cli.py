@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=_synth)
-    from .tools.bench import add_bench_arguments, run_bench
+    from .tools.bench import add_bench_arguments
 
     p = sub.add_parser("bench", help="measure loading speed, memory and CPU (seqloader vs files)")
     add_bench_arguments(p)

@@ -19,7 +19,6 @@ from .raw import encoded, unmap_file
 from .shard import RemoteShard, Shard
 from .source import ByteSource, Part, open_source
 from ..format.meta import EXTENT_DTYPE
-from ..errors import FormatError
 
 __all__ = ["RangeReader"]
 

@@ -48,7 +48,9 @@ from ..format.records import Record, pack_record
 from .prepare import prepare_image
 from .scan import Scan
 from .sources import ClassSeen, Item, Source, close_files, read_item
-from .writer import BadImageError, WriteOptions, WriteReport, stored_name, write_split
+from ..errors import BadImageError
+from .options import WriteOptions, WriteReport, stored_name
+from .writer import write_split
 
 __all__ = ["write_source", "record_keys", "DEFAULT_MEMORY_BUDGET"]
 
@@ -387,7 +389,7 @@ def _already_written(out: Path, split: str, opt: WriteOptions
     compared with the source (that needs a pass over it): options and split are."""
     from ..format.files import shard_path
     from ..read.database import file_meta
-    from .writer import ShardResult
+    from .options import ShardResult
 
     finals = [shard_path(out, k, opt.shards) for k in
               (opt.shard_ids if opt.shard_ids is not None else range(opt.shards))]

@@ -68,7 +68,7 @@ def _from_bytes(data: bytes, opt: SampleOptions) -> tuple[bytes | None, Any, str
     if p.data is None:
         return None, p.error or "unknown error", None, None
     if opt.image_format == "pixels":
-        from .writer import stored_pixels
+        from .options import stored_pixels
 
         image, shape = stored_pixels(p.data, opt.short_side)
         return image, shape, p.reencoded, p.warning

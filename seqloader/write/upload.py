@@ -44,8 +44,9 @@ from ..read.lmdbpages import lookup_first_leaf
 from ..read.remote import safe_url
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
-from .writer import (ShardResult, WriteOptions, WriteReport, _fingerprint, _write_report,
-                     write_order, write_split)
+from .files import _write_report
+from .options import ShardResult, WriteOptions, WriteReport, _fingerprint, write_order
+from .writer import write_split
 
 __all__ = ["Uploader", "ATOMIC_PROTOCOLS", "default_staging"]
 

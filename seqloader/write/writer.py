@@ -44,11 +44,9 @@ import numpy as np
 from ..format.files import shard_files, shard_path
 from .scan import Scan
 from ..errors import BadImageError, NoRecordsError
-# (the write's parts; names others import from here are re-exported)
-from .files import (WARNED, _lock_file, _partials, _remove_db, _remove_partial, _report_path,
-                    _write_report)
-from .options import (ShardResult, WriteOptions, WriteReport, _fingerprint, _what_differs,
-                      stored_name, stored_pixels, write_order)
+from .files import _lock_file, _partials, _remove_db, _remove_partial, _report_path
+# (the options and reports are re-exported: the writer's public names)
+from .options import ShardResult, WriteOptions, WriteReport, _fingerprint, write_order
 from .shard import Feed, _ShardWriter, _existing
 
 __all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "NoRecordsError",

@@ -78,7 +78,7 @@ def _without_bad_files(scan: Any, db: Any) -> tuple[Any, int]:
     cannot be decoded; and how many were left out."""
     import dataclasses
 
-    from ...write.writer import stored_name
+    from ...write.options import stored_name
 
     bad = {p for m in db.metas for p, _ in m.bad_files}  # (as stored: non-UTF-8 bytes escaped)
     keep = [i for i, q in enumerate(scan.paths) if stored_name(q) not in bad]
