@@ -208,6 +208,53 @@ def bench(path: str, mode: str, seconds: float, workers: int, extra: list[str] =
                                     "images", "seconds")}
 
 
+_RAW = r"""
+import json, sys, time
+from seqloader import Loader
+url, epochs, dev = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def rx():
+    return int(open(f"/sys/class/net/{dev}/statistics/rx_bytes").read())
+loader = Loader(url, "train", batch_size=256, shuffle=True, num_workers=1)
+t0 = time.perf_counter(); first = None
+for epoch in range(1 + epochs):  # epoch 0 warms up; then whole epochs are timed
+    loader.set_epoch(epoch)
+    if epoch == 1:
+        start, r0, n, nbytes = time.perf_counter(), rx(), 0, 0
+    for images, labels in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        if epoch:
+            n += len(images); nbytes += sum(len(x) for x in images)
+dt = time.perf_counter() - start
+print(json.dumps({"images_per_s": round(n / dt, 2), "mb_per_s": round(nbytes / dt / 1e6, 3),
+                  "wire_mb_per_s": round((rx() - r0) / dt / 1e6, 3), "epochs": epochs,
+                  "first_batch_s": round(first, 4), "seconds": round(dt, 3)}))
+"""
+
+
+def raw_epochs(url: str, epochs: int) -> dict:
+    """Raw reading over whole epochs (after one warm-up epoch): the payload's rate and the
+    link's (bytes the client's veth received, TCP/IP headers included)."""
+    out = subprocess.run(client(sys.executable, "-c", _RAW, url, str(epochs), VETH_HOST),
+                         env=env(), capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"raw {url}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def link_bulk(urls: list[str]) -> dict:
+    """What the link carries: ``len(urls)`` files fetched at once with curl (MB/s of
+    payload) and the veth's received bytes over the same time."""
+    rx = lambda: int(Path(f"/sys/class/net/{VETH_HOST}/statistics/rx_bytes").read_text())  # noqa: E731
+    r0, t = rx(), time.perf_counter()
+    procs = [subprocess.Popen(client("curl", "-s", "-o", "/dev/null", "-w", "%{size_download}",
+                                     u), stdout=subprocess.PIPE, text=True) for u in urls]
+    total = sum(int(p.communicate()[0] or 0) for p in procs)
+    dt = time.perf_counter() - t
+    return {"mb_per_s": round(total / dt / MB, 1), "wire_mb_per_s": round((rx() - r0) / dt / MB, 1),
+            "files": len(urls)}
+
+
 _WDS = r"""
 import json, sys, time
 import numpy as np, torch, webdataset as wds
@@ -291,6 +338,7 @@ def main() -> int:
     ap.add_argument("--rtt-ms", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=1, help="full-pipeline workers (client CPUs)")
+    ap.add_argument("--epochs", type=int, default=2, help="raw runs: timed whole epochs")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -315,11 +363,12 @@ def main() -> int:
         net.limit()
         http = f"http://{IP_NS}:{HTTP_PROXY}"
         res["link"] = curl_rate(f"{http}/lmdb/{shards[1].name}")
+        res["link_bulk"] = link_bulk([f"{http}/lmdb/{f.name}" for f in shards[2:10]])
         res["rtt"] = curl_rate(f"{http}/wds/")  # (a small listing: first byte = one round trip)
         s3 = "s3://bench/imagenet"
         steps = [
-            ("s3_raw", lambda: bench(s3, "raw", args.seconds, 1)),
-            ("http_raw", lambda: bench(f"{http}/lmdb/{shards[0].name}", "raw", args.seconds, 1)),
+            ("s3_raw", lambda: raw_epochs(s3, args.epochs)),
+            ("http_raw", lambda: raw_epochs(f"{http}/lmdb/{shards[0].name}", args.epochs)),
             ("wds_http_raw", lambda: wds_run([f"{http}/wds/{t.name}" for t in tars], "raw",
                                              args.seconds, 1)),
             ("s3_first_batch", lambda: first_batch(s3)),
@@ -337,6 +386,9 @@ def main() -> int:
     res["link_mb_per_s_nominal"] = link
     for k in ("s3_raw", "http_raw", "wds_http_raw"):
         res[k]["pct_of_link"] = round(100 * res[k]["mb_per_s"] / link, 1)
+        res[k]["pct_of_link_bulk"] = round(100 * res[k]["mb_per_s"] / res["link_bulk"]["mb_per_s"], 1)
+        if "wire_mb_per_s" in res[k]:
+            res[k]["wire_pct_of_link"] = round(100 * res[k]["wire_mb_per_s"] / link, 1)
     res["s3_full_pct_of_local"] = round(100 * res["s3_full"]["images_per_s"]
                                         / res["local_full"]["images_per_s"], 1)
     res["loadavg_end"] = os.getloadavg()[0]

@@ -209,7 +209,8 @@ def open_database(path: str | Path, split: str | None = None, *,
     when ``require_records``, :class:`~seqloader.format.meta.EmptyDatabaseError` for a
     complete database without records (:func:`empty_reason`).
     """
-    from .remote import RemoteOptions, is_url, open_remote, safe_url
+    from .remote import RemoteOptions, is_url, safe_url
+    from .remoteopen import open_remote
 
     if is_url(path):
         urls, metas, source = open_remote(str(path), split, remote or RemoteOptions(),

@@ -8,8 +8,8 @@ trip and a request), and a reader's records are already known as byte spans (NOT
 whose blocks are ranged GETs (``block`` bytes, 8 MiB, ``depth`` of them in flight,
 ``window`` bytes at most held), copied into the same ring and yielded record by
 record.  Every rank fetches only its own chunks' spans.  The metadata comes from a
-few ranged reads too (NOTE [ metadata over ranged reads ] in
-:mod:`seqloader.read.lmdbpages`), so nothing is copied to open a database.
+few ranged reads too (NOTE [ opening over ranged reads ] in
+:mod:`seqloader.read.remoteopen`), so nothing is copied to open a database.
 
 Faults: each GET is retried (``retries`` attempts, exponential backoff with jitter up
 to ``_BACKOFF_MAX`` s) on resets, timeouts, 5xx and throttling; a GET that takes longer
@@ -30,20 +30,16 @@ import os
 import random
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..errors import RemoteError
+from .httprange import RangeIgnoredError, direct_url, get_into
 from .direct import DirectStream
 from .source import Part
-from ..format.keys import META_KEY
-from ..format.meta import Meta, unpack_meta
-from ..format.files import db_name
-from ..errors import FormatError
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
-           "RemoteStream", "is_url", "safe_url", "open_remote", "with_timeout"]
+           "RemoteStream", "is_url", "safe_url", "with_timeout"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _BACKOFF_MAX = 5.0
@@ -124,6 +120,22 @@ def _filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
     return _FS[key]
 
 
+_PLAIN: dict[tuple, Any] = {}  # (pid, url, options) -> what direct_url gave
+
+
+def _plain(f: "RemoteFile") -> str | None:
+    """The plain URL to GET ``f``'s bytes from now, or None for fsspec (NOTE [ plain
+    ranged GETs ] in :mod:`seqloader.read.httprange`)."""
+    key = (os.getpid(), f.url, repr(sorted(f.options.storage_options.items())))
+    if key not in _PLAIN:
+        fs, path = _filesystem(f.url, f.options)
+        version = fs.split_path(path)[2] if hasattr(fs, "split_path") else None
+        _PLAIN[key] = None if version else direct_url(f.url, fs, path,
+                                                      bool(f.options.storage_options))
+    make = _PLAIN[key]
+    return None if make is None else make()
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     """One remote file as it was when opened: its ``size`` and ``etag`` (None when the
@@ -137,17 +149,28 @@ class RemoteFile:
     def fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the file as opened, retried on transient errors
         (NOTE [ remote reading ]); :class:`RemoteError` when they cannot be had."""
-        if not 0 <= start <= end <= self.size:
+        buf = bytearray(max(0, end - start))
+        self.fetch_into(start, memoryview(buf), end)
+        return bytes(buf)
+
+    def fetch_into(self, start: int, buf: memoryview, end: int | None = None) -> None:
+        """:meth:`fetch` of ``len(buf)`` bytes from ``start``, written into ``buf``."""
+        end = start + len(buf) if end is None else end
+        if not 0 <= start <= end <= self.size or end - start != len(buf):
             raise ValueError(f"range [{start}, {end}) outside {safe_url(self.url)} "
                              f"({self.size} bytes)")
         if start == end:
-            return b""
+            return
         opts = self.options
         last: BaseException | None = None
         for attempt in range(opts.retries):
             if attempt:
                 time.sleep(min(_BACKOFF_MAX, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0))
             try:
+                plain = _plain(self)
+                if plain is not None:  # NOTE [ plain ranged GETs ]
+                    get_into(plain, start, buf, self.etag, opts.timeout, self.size)
+                    return
                 data = self._get(start, end)
             except Exception as e:  # noqa: BLE001 - classified below
                 kind = _classify(e)
@@ -159,11 +182,10 @@ class RemoteFile:
                 last = e
                 continue
             if len(data) == end - start:
-                return data
+                buf[:] = data
+                return
             if len(data) == self.size and end - start != self.size:
-                raise RemoteError(f"{safe_url(self.url)}: the server ignores Range requests "
-                                  "(answered a ranged GET with the whole file); serve it "
-                                  "from a server that supports them")
+                raise RemoteError(f"{safe_url(self.url)}: {RangeIgnoredError.text}")
             last = EOFError(f"got {len(data)} of {end - start} bytes")
         raise RemoteError(f"{safe_url(self.url)} bytes {start}-{end - 1}: failed {opts.retries} "
                           f"times, last: {_describe(last, self.url)}; is the server reachable?")
@@ -271,6 +293,7 @@ class RemoteSource:
 def _stat(url: str, options: RemoteOptions) -> RemoteFile:
     fs, path = _filesystem(url, options)
     try:
+        fs.invalidate_cache(path)  # (fsspec may answer from a listing it cached earlier)
         info = fs.info(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"database {safe_url(url)} does not exist") from None
@@ -284,74 +307,6 @@ def _stat(url: str, options: RemoteOptions) -> RemoteFile:
                           "serve it with a Content-Length")
     etag = next((info[k] for k in ("ETag", "etag", "e_tag") if info.get(k)), None)
     return RemoteFile(url, size, str(etag) if etag else None, options)
-
-
-_SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.lmdb$")
-
-
-def _exists(url: str, options: RemoteOptions) -> bool:
-    fs, path = _filesystem(url, options)
-    try:
-        return bool(fs.exists(path))
-    except Exception:  # noqa: BLE001 - treated as absent; the error comes later
-        return False
-
-
-def find_remote(url: str, split: str | None, options: RemoteOptions) -> list[str]:
-    """The shard URLs of a remote database (as :func:`~seqloader.format.files.find_database`):
-    a file URL, one shard's URL (its siblings are named from it: no listing needed), or
-    a folder URL and a split (a listing is needed only for a sharded split)."""
-    base, _, name = url.rstrip("/").rpartition("/")
-    if name.endswith(".lmdb"):
-        m = _SHARD.match(name)
-        if not m:
-            return [url]
-        n = int(m["n"])
-        return [f"{base}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
-    if split is None:
-        raise FileNotFoundError(f"{safe_url(url)} is a folder; name the split too (e.g. 'train'), "
-                                "or pass the .lmdb file's URL")
-    folder = url.rstrip("/")
-    single = f"{folder}/{db_name(split)}.lmdb"
-    if _exists(single, options):
-        return [single]
-    fs, path = _filesystem(folder, options)
-    try:
-        names = [p.rstrip("/").rpartition("/")[2] for p in fs.ls(path, detail=False)]
-    except Exception:  # noqa: BLE001 - e.g. an HTTP server without listings
-        names = []
-    shards = sorted(x for x in names if (m := _SHARD.match(x)) and m["stem"] == db_name(split))
-    if not shards:
-        raise FileNotFoundError(
-            f"no database for split {split!r} at {safe_url(folder)}: looked for "
-            f"{db_name(split)}.lmdb or a listing with {db_name(split)}-NNNNN-of-NNNNN.lmdb "
-            "(an HTTP server may not list folders: pass the URL of the .lmdb file or of "
-            "one shard)")
-    return find_remote(f"{folder}/{shards[0]}", split, options)
-
-
-def open_remote(url: str, split: str | None, options: RemoteOptions, *,
-                require_complete: bool = True) -> tuple[list[str], list[Meta], RemoteSource]:
-    """Find a remote database's shards and read their metadata with ranged reads (in
-    parallel); the checks across shards are the caller's."""
-    from .lmdbpages import lookup_first_leaf
-
-    urls = find_remote(url, split, options)
-
-    def one(u: str) -> tuple[RemoteFile, Meta]:
-        f = _stat(u, options)
-        value = lookup_first_leaf(lambda o, n: f.fetch(o, o + n), f.size, META_KEY,
-                                  where=safe_url(u))
-        return f, unpack_meta(value, where=safe_url(u), require_complete=require_complete)
-
-    with ThreadPoolExecutor(min(16, len(urls)), thread_name_prefix="seqloader-open") as pool:
-        opened = list(pool.map(one, urls))
-    for (f, meta) in opened:
-        if meta.num_records and not meta.extents:
-            raise FormatError(f"{safe_url(f.url)} has no record extents (written by an older "
-                              "seqloader); remote reading needs them: re-write it with this "
-                              "version, or read a local copy")
-    return urls, [m for _, m in opened], RemoteSource(tuple(f for f, _ in opened), options)
 
 
 # ------------------------------------------------------------------ the stream
@@ -399,10 +354,9 @@ class RemoteStream(DirectStream):
         f = self._file(part)
         if self.cache is not None and self.cache.read_into(f, off, buf[:n]):
             return n
-        data = f.fetch(off, off + n)
-        buf[:n] = data
+        f.fetch_into(off, buf[:n])
         if self.cache is not None:
-            self.cache.put(f, off, data)
+            self.cache.put(f, off, buf[:n])
         return n
 
     def _read_alone(self, part: Part, off: int, n: int) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,6 +151,84 @@ def test_s3_loader_same_batches_as_local(moto, s3_url, lmdb_dir):
                 assert _batches(remote) == _batches(local)
     # metadata: meta pages + B-tree leaf; data: one GET per epoch (one 8 MiB block)
     assert moto.gets("imagenet/ILSVRC-train") - before <= 3 * 2 + 3
+
+
+@pytest.mark.needs("s3fs", "moto")
+def test_s3_sharded_opens_in_few_requests(moto, sharded_dir, monkeypatch):
+    """A sharded split opens with one listing and two ranged GETs per shard, no HEADs
+    (NOTE [ opening over ranged reads ]); without a listing, one HEAD per shard more;
+    either way the metadata equals the local files'."""
+    from seqloader.read import remoteopen
+    from seqloader.read.database import open_database
+
+    url = moto.upload(sharded_dir, "seqloader-test", "sharded")
+    log = lambda verb: len(re.findall(verb + r' /seqloader-test/sharded/ILSVRC-train',  # noqa: E731
+                                      moto.log.read_text(errors="replace")))
+    local = open_database(sharded_dir, "train")
+    before = log("GET"), log("HEAD")
+    db = open_database(url, "train", remote=_opts(moto))
+    assert db.metas == local.metas
+    gets, heads = log("GET") - before[0], log("HEAD") - before[1]
+    assert 3 <= gets <= 2 * 3 and heads == 0
+    monkeypatch.setattr(remoteopen, "_listing", lambda folder, options: None)
+    before = log("GET"), log("HEAD")
+    shard = url + "/ILSVRC-train-00001-of-00003.lmdb"
+    db = open_database(shard, remote=_opts(moto))
+    assert db.metas == local.metas
+    assert (log("GET") - before[0], log("HEAD") - before[1]) == (gets, 3)
+
+
+@pytest.mark.needs("s3fs", "moto")
+def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
+    """Data GETs go to a presigned URL over http.client (NOTE [ plain ranged GETs ]), not
+    through fsspec's event loop; without a signer they fall back to fsspec."""
+    from seqloader.read import httprange, remote
+    from seqloader.read.database import open_database
+
+    want = _all_records(open_database(lmdb_dir, "train"))
+    db = open_database(s3_url, "train", remote=_opts(moto))
+    calls = []
+    real_get = remote.RemoteFile._get
+    monkeypatch.setattr(remote.RemoteFile, "_get", lambda self, a, b: calls.append(a) or
+                        real_get(self, a, b))
+    assert _all_records(db) == want and calls == []
+    monkeypatch.setattr(httprange, "_SIGN_SECONDS", 0)  # (signed again on every GET)
+    monkeypatch.setattr(remote, "_PLAIN", {})
+    fs, _ = remote._filesystem(db.paths[0], db.remote.options)
+    monkeypatch.setattr(type(fs), "sign", lambda *a, **k: (_ for _ in ()).throw(
+        NotImplementedError("no signer")))
+    assert _all_records(db) == want and calls  # fsspec's path, same bytes
+
+
+def test_opening_reads_outside_the_prefetched_ranges(tmp_path):
+    """A file whose metadata lies outside the head and tail ranges is still read right."""
+    from seqloader.read.remoteopen import _HEAD, _TAIL, _Ranges
+
+    path = tmp_path / "t.lmdb"
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        txn.put(META_KEY, b"m" * 100_000)
+    with env.begin(write=True) as txn:
+        for i in range(2_000):
+            txn.put(b"r" + i.to_bytes(8, "big"), os.urandom(300))
+    env.close()
+    data = path.read_bytes()
+    assert len(data) > _HEAD + _TAIL
+
+    class File:
+        size, url = len(data), "mem://t.lmdb"
+        fetched: list = []
+
+        def fetch(self, start, end):
+            self.fetched.append((start, end))
+            return data[start:end]
+
+    r = _Ranges(File())
+    for a, b in r.ahead():
+        r.fetch(a, b)
+    ahead = len(File.fetched)
+    assert lookup_first_leaf(r.read, len(data), META_KEY, where="t") == b"m" * 100_000
+    assert ahead == 2 and len(File.fetched) > ahead  # (the value lies early in the file)
 
 
 @pytest.mark.needs("s3fs", "moto")
