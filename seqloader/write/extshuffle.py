@@ -5,11 +5,12 @@ Record ``i`` of the source (in source order) gets a 64-bit key, the ``i``-th out
 PCG64 seeded by (seed, the source's identity); the written order is the records
 sorted by (key, i): a uniform permutation fixed by the seed and the source alone --
 not by the worker count, the memory budget or where a run was interrupted.  Pass 1
-reads the source once, front to back, prepares each image (decode check,
-re-encode) in the writer's process pool and appends it to the bucket file of its
-key range (the key's top bits); pass 2 reads each bucket whole, sorts it by key and
-feeds its records, in order, to the resumable writer (NOTE [ crash-safe, resumable
-writes ] in writer.py), whose resume guarantees thus carry over.  Where the source
+reads the source once, front to back, and appends each image's bytes to the bucket
+file of its key range (the key's top bits); pass 2 reads each bucket whole, sorts it
+by key, prepares its images in the writer's process pool (NOTE [ checks in pass 2 ]
+in :mod:`.buckets`) and feeds the records, in order, to the resumable writer (NOTE
+[ crash-safe, resumable writes ] in writer.py), whose resume guarantees thus carry
+over.  Where the source
 fits the memory budget the buckets stay in memory: one pass.  Unshuffled (val), the
 key is ``i`` and one bucket is streamed, never held whole.
 
@@ -32,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import struct
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,12 +42,11 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from ..dataflow.imap import process_map
 from ..format.checksum import record_digest
 from ..format.records import Record, pack_record
-from .prepare import prepare_image
+from .buckets import FRAME as _FRAME, bucket_frames, prepared
 from .scan import Scan
-from .sources import ClassSeen, Item, Source, close_files, read_item
+from .sources import ClassSeen, Source, close_files, read_item
 from ..errors import BadImageError
 from .options import WriteOptions, WriteReport, stored_name
 from .writer import write_split
@@ -55,10 +54,8 @@ from .writer import write_split
 __all__ = ["write_source", "record_keys", "DEFAULT_MEMORY_BUDGET"]
 
 DEFAULT_MEMORY_BUDGET = 4 << 30
-_FRAME = struct.Struct("<QQI")  # key, source index, payload length
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: frames hold the source's bytes (prepared in pass 2)
 _MAX_BITS = 9  # at most 512 bucket files open at once (a common limit is 1,024 fds)
-_OPT: WriteOptions | None = None  # what forked pass-1 workers prepare with
 
 
 def record_keys(seed: int, identity: str, start: int, count: int, *, shuffle: bool = True
@@ -71,20 +68,6 @@ def record_keys(seed: int, identity: str, start: int, count: int, *, shuffle: bo
     bg = np.random.PCG64(np.random.SeedSequence([seed, *words.tolist()]))
     bg.advance(start)
     return np.asarray(bg.random_raw(count), dtype=np.uint64)
-
-
-def _prepare(item: tuple) -> tuple:
-    """In a worker: an item's payload, ``[image, reencoded, decoder warning or None]`` or
-    ``[None, reason, None]``."""
-    if item[0] == "c":
-        return item
-    src, name, label, cursor, data, loc = item
-    o = _OPT
-    p = prepare_image(read_item(Item(name, label, data, loc)), verify=o.verify,
-                      max_size=o.max_size, quality=o.quality, restart=o.restart_markers)
-    payload = ([p.data, p.reencoded, p.warning] if p.data is not None
-               else [None, p.error or "unknown error", None])
-    return src, name, label, cursor, msgpack.packb(payload, use_bin_type=True)
 
 
 def _sync_write(path: Path, text: str) -> None:
@@ -103,7 +86,7 @@ class _Pass1:
                  scratch: Path | None):
         self.source, self.split, self.opt, self.bits, self.scratch = source, split, opt, bits, scratch
         self.plan = repr((_STATE_VERSION, source.fingerprint(), split, opt.seed, opt.shuffle,
-                          opt.verify, opt.max_size, opt.quality, opt.restart_markers, bits))
+                          bits))
         n = 1 << bits
         if scratch is None:
             self.buckets: list = [io.BytesIO() for _ in range(n)]
@@ -154,7 +137,6 @@ class _Pass1:
         _sync_write(self.scratch / "state.json", json.dumps(st))
 
     def run(self) -> None:
-        global _OPT
         st, opt = self.state, self.opt
         if st["done"]:
             return
@@ -164,76 +146,38 @@ class _Pass1:
         bar = tqdm(total=self.source.total_bytes(), initial=st["position"], unit="B",
                    unit_scale=True, desc=f"{self.split} pass 1: read", dynamic_ncols=True,
                    disable=not opt.progress, smoothing=0.05)
-        counter = iter(range(st["records"], 1 << 62))
-
-        def work() -> Iterator[tuple]:
+        pending = 0
+        try:  # bytes only: images are prepared in pass 2 (NOTE [ checks in pass 2 ])
             for ev, cursor in self.source.events(st["cursor"]):
                 if isinstance(ev, ClassSeen):
-                    yield "c", ev.name, cursor
-                else:
-                    yield next(counter), ev.name, ev.label, cursor, ev.data, ev.loc
-
-        _OPT = opt  # (before the workers fork)
-        if (opt.verify or opt.max_size or opt.restart_markers) and hasattr(os, "fork") and (
-                os.cpu_count() or 1) > 1:  # decoding: in the writer's process pool
-            results = process_map(_prepare, work(), workers=min(
-                opt.workers, (os.cpu_count() or 1) + 1))
-        else:  # a header check only: cheaper here than a round trip to a worker
-            results = map(_prepare, work())
-        pending = 0
-        try:
-            for r in results:
-                if r[0] == "c":
-                    if r[1] not in seen:
-                        seen.add(r[1])
-                        st["classes"].append(r[1])
-                    st["cursor"] = r[2]
+                    if ev.name not in seen:
+                        seen.add(ev.name)
+                        st["classes"].append(ev.name)
+                    st["cursor"] = cursor
                     continue
-                src, name, label, cursor, payload = r
+                src = st["records"]
                 if src - key0 >= len(keys):
                     key0 = src
                     keys = record_keys(opt.seed, self.source.identity(), src, 1 << 16,
                                        shuffle=opt.shuffle)
                 key = int(keys[src - key0])
-                if payload[1:2] == b"\xc0":  # [nil, reason] (0x92 0xc0 ...): a bad image
-                    if opt.strict:
-                        reason = msgpack.unpackb(payload)[1]
-                        raise BadImageError(f"{self.source.root_label()}/{name}: {reason}. Fix or "
-                                            "remove the file, or drop --strict to skip bad files")
-                    st["bad"] += 1
-                self.buckets[key >> shift if self.bits else 0].write(
-                    _FRAME.pack(key, src, len(payload)) + payload)
-                self.index.write(msgpack.packb([name, label], use_bin_type=True))
+                data = read_item(ev)
+                bucket = self.buckets[key >> shift if self.bits else 0]
+                bucket.write(_FRAME.pack(key, src, len(data)))
+                bucket.write(data)
+                self.index.write(msgpack.packb([ev.name, ev.label], use_bin_type=True))
                 st["records"] = src + 1
                 st["cursor"] = cursor
-                pending += len(payload)
+                pending += len(data)
                 bar.update(self.source.position() - bar.n)
                 if pending >= opt.commit_bytes:
                     self._commit()
                     pending = 0
-                    bar.set_postfix_str(f"{st['records']:,} images, {st['bad']} bad")
+                    bar.set_postfix_str(f"{st['records']:,} images")
             self._commit(done=True)
         finally:
             close_files()
-            close = getattr(results, "close", None)
-            if close is not None:
-                close()
             bar.close()
-
-
-def _frames(f, limit: int) -> Iterator[tuple[int, int, bytes | memoryview]]:
-    """(key, source index, payload) of a bucket's first ``limit`` bytes; views into an
-    in-memory bucket (no second copy of a split that fits the budget)."""
-    if isinstance(f, io.BytesIO):
-        buf, pos = f.getbuffer(), 0
-        while pos < limit:
-            key, src, n = _FRAME.unpack_from(buf, pos)
-            pos += _FRAME.size + n
-            yield key, src, buf[pos - n:pos]
-        return
-    while f.tell() < limit:
-        key, src, n = _FRAME.unpack(f.read(_FRAME.size))
-        yield key, src, f.read(n)
 
 
 def _resolve_labels(raw: list, seen: list[str], source: Source) -> tuple[list[str], np.ndarray]:
@@ -301,12 +245,7 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
     bits, in_memory = _bits_for(source, opt, memory_budget)
     p1 = _Pass1(source, split, opt, bits, None if in_memory else scratch)
     try:
-        try:
-            p1.run()
-        except BadImageError:
-            p1.close()
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
+        p1.run()
         st = p1.state
         for f in (*p1.buckets, p1.index):
             f.flush()
@@ -333,34 +272,37 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
         starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
         lengths = [f.seek(0, 2) for f in p1.buckets]
 
-        def load(b: int):
-            f = p1.buckets[b]
-            f.seek(0)
-            frames = _frames(f, lengths[b])
+        def load(b: int) -> list[tuple[int, int, int, int]]:
+            frames = bucket_frames(p1.buckets[b], lengths[b], None if in_memory else
+                                   scratch / f"bucket-{b:04d}.bin")
             return sorted(frames, key=lambda fr: (fr[0], fr[1])) if opt.shuffle else frames
 
-        def feed(positions: range) -> Iterator[tuple[int, bytes | None, bytes | str, str | None]]:
+        def located(positions: range) -> Iterator[tuple[int, int, int, int, int]]:
             wanted = [b for b in range(1 << bits)
                       if starts[b + 1] > positions.start and starts[b] < positions.stop]
-            # NOTE [ pass-2 read-ahead ]: the next bucket is read (and sorted) while this
-            # one is written, so the disk reads while the writer works: two buckets in memory
+            # NOTE [ pass-2 read-ahead ]: the next bucket is read (into the page cache;
+            # its headers sorted) while this one's images are prepared and written
             with ThreadPoolExecutor(1, thread_name_prefix="seqloader-bucket") as ex:
                 nxt = ex.submit(load, wanted[0]) if wanted else None
                 for j, b in enumerate(wanted):
                     frames = nxt.result()
                     if j + 1 < len(wanted):
                         nxt = ex.submit(load, wanted[j + 1])
-                    yield from emit(positions, starts[b], frames)
+                    for pos, (_, src, off, size) in enumerate(frames, starts[b]):
+                        if pos >= positions.stop:
+                            break
+                        if pos < positions.start:
+                            continue
+                        assert src == order[pos], (src, pos)  # invariant: buckets are key ranges
+                        yield pos, src, b, off, size
 
-        def emit(positions: range, lo: int, frames) -> Iterator[tuple]:
-            for pos, (_, src, payload) in enumerate(frames, lo):
-                if pos >= positions.stop:
-                    break
-                if pos < positions.start:
-                    continue
-                assert src == order[pos], (src, pos)  # invariant: buckets are key ranges
-                image, extra, warned = msgpack.unpackb(payload, raw=False)
+        def feed(positions: range) -> Iterator[tuple[int, bytes | None, bytes | str, str | None]]:
+            where = lambda item: (int(item[1]), f"{source.root_label()}/{names[item[1]]}")  # noqa: E731
+            for pos, src, image, extra, warned in prepared(located(positions), buckets, opt, where):
                 if image is None:
+                    if opt.strict:
+                        raise BadImageError(f"{source.root_label()}/{names[src]}: {extra}. Fix or "
+                                            "remove the file, or drop --strict to skip bad files")
                     yield pos, None, extra, None
                     continue
                 value = pack_record(Record(image, int(labels[src]), stored_name(names[src])
@@ -370,11 +312,14 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
         present = set(labels.tolist())
         scan = Scan(source.root_label(), classes, names, labels,
                     [c for i, c in enumerate(classes) if i not in present])
-        if not in_memory:  # pass 2 reads the buckets with large requests
-            for b, f in enumerate(p1.buckets):
-                f.close()
-                p1.buckets[b] = open(scratch / f"bucket-{b:04d}.bin", "rb", buffering=16 << 20)
-        report = write_split(scan, out, split, opt, order=order, feed=feed)
+        buckets = p1.buckets if in_memory else [scratch / f"bucket-{b:04d}.bin"
+                                                 for b in range(1 << bits)]
+        try:
+            report = write_split(scan, out, split, opt, order=order, feed=feed)
+        except BadImageError:  # (--strict: the writer removed its files)
+            p1.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
     finally:
         p1.close()
     shutil.rmtree(scratch, ignore_errors=True)

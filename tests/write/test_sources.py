@@ -186,7 +186,7 @@ def test_webdataset_shards_with_cls_and_json(synth_tree, tmp_path):
         x for x in want if x[0] not in bad}
 
 
-def test_strict_stops_in_the_first_pass_and_removes_scratch(train_tar, tmp_path):
+def test_strict_stops_and_removes_scratch(train_tar, tmp_path):
     out = tmp_path / "ILSVRC-train.lmdb"
     with pytest.raises(BadImageError, match="drop --strict"):
         write_source(open_source([train_tar]), out, "train", _opts(strict=True),
