@@ -21,8 +21,12 @@ import struct
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from ..dataflow.imap import process_map
-from .options import WriteOptions
+from ..format.checksum import record_digest
+from ..format.records import Record, pack_record
+from .options import WriteOptions, stored_name
 from .prepare import prepare_image
 from .sources import read_at
 
@@ -31,6 +35,8 @@ __all__ = ["FRAME", "bucket_frames", "prepared"]
 FRAME = struct.Struct("<QQI")  # key, source index, payload length
 _OPT: WriteOptions | None = None  # what forked workers prepare with
 _BUCKETS: Sequence = ()  # the buckets, as workers see them (in memory, or file paths)
+_LABELS: np.ndarray = np.empty(0, np.int32)  # each source record's label index
+_NAMES: Sequence[str] = ()  # each source record's name
 
 
 def bucket_frames(f, limit: int, path: Path | None) -> list[tuple[int, int, int, int]]:
@@ -60,8 +66,9 @@ def bucket_frames(f, limit: int, path: Path | None) -> list[tuple[int, int, int,
 
 
 def _prepare_at(item: tuple) -> tuple:
-    """In a worker (or this process): ``(pos, src, image or None, reencoded or reason,
-    warning)`` for the frame at ``item = (pos, src, bucket, offset, size)``."""
+    """In a worker (or this process): ``(pos, src, record value, digest, warning)``, or
+    ``(pos, src, None, reason, None)`` for a bad image, for the frame at ``item = (pos,
+    src, bucket, offset, size)``: packed and hashed here, off the writing process."""
     pos, src, b, off, n = item
     bucket = _BUCKETS[b]
     data = (bytes(bucket.getbuffer()[off:off + n]) if isinstance(bucket, io.BytesIO)
@@ -71,15 +78,18 @@ def _prepare_at(item: tuple) -> tuple:
                       restart=o.restart_markers)
     if p.data is None:
         return pos, src, None, p.error or "unknown error", None
-    return pos, src, p.data, p.reencoded, p.warning
+    value = pack_record(Record(p.data, int(_LABELS[src]), stored_name(_NAMES[src])
+                               if o.store_paths else None, p.reencoded))
+    return pos, src, value, record_digest(value), p.warning
 
 
-def prepared(items: Iterator[tuple], buckets: Sequence, opt: WriteOptions,
-             where: Callable[[tuple], tuple[int, str]]) -> Iterator[tuple]:
+def prepared(items: Iterator[tuple], buckets: Sequence, labels: np.ndarray, names: Sequence[str],
+             opt: WriteOptions, where: Callable[[tuple], tuple[int, str]]) -> Iterator[tuple]:
     """:func:`_prepare_at` of each item, in order: in the writer's process pool where
     images are decoded (NOTE [ checks in pass 2 ]), else here (a header check only)."""
-    global _OPT, _BUCKETS
+    global _OPT, _BUCKETS, _LABELS, _NAMES
     _OPT, _BUCKETS = opt, [str(b) if isinstance(b, Path) else b for b in buckets]
+    _LABELS, _NAMES = labels, names
     if (opt.verify or opt.max_size or opt.restart_markers) and hasattr(os, "fork") and (
             os.cpu_count() or 1) > 1:  # (set above before the workers fork)
         yield from process_map(_prepare_at, items, workers=min(opt.workers,

@@ -42,13 +42,11 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from ..format.checksum import record_digest
-from ..format.records import Record, pack_record
 from .buckets import FRAME as _FRAME, bucket_frames, prepared
 from .scan import Scan
 from .sources import ClassSeen, Source, close_files, read_item
 from ..errors import BadImageError
-from .options import WriteOptions, WriteReport, stored_name
+from .options import WriteOptions, WriteReport
 from .writer import write_split
 
 __all__ = ["write_source", "record_keys", "DEFAULT_MEMORY_BUDGET"]
@@ -298,16 +296,12 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
 
         def feed(positions: range) -> Iterator[tuple[int, bytes | None, bytes | str, str | None]]:
             where = lambda item: (int(item[1]), f"{source.root_label()}/{names[item[1]]}")  # noqa: E731
-            for pos, src, image, extra, warned in prepared(located(positions), buckets, opt, where):
-                if image is None:
-                    if opt.strict:
-                        raise BadImageError(f"{source.root_label()}/{names[src]}: {extra}. Fix or "
-                                            "remove the file, or drop --strict to skip bad files")
-                    yield pos, None, extra, None
-                    continue
-                value = pack_record(Record(image, int(labels[src]), stored_name(names[src])
-                                           if opt.store_paths else None, extra))
-                yield pos, value, record_digest(value), warned
+            for pos, src, value, extra, warned in prepared(located(positions), buckets, labels,
+                                                           names, opt, where):
+                if value is None and opt.strict:
+                    raise BadImageError(f"{source.root_label()}/{names[src]}: {extra}. Fix or "
+                                        "remove the file, or drop --strict to skip bad files")
+                yield pos, value, extra, warned
 
         present = set(labels.tolist())
         scan = Scan(source.root_label(), classes, names, labels,
