@@ -18,12 +18,15 @@ the client's CPU; the local-disk baseline runs on CPU 0 too.
 
 Measured (MB = 10^6 bytes): the link (curl of one file through the nginx proxy) and
 the round trip (time to the first byte of a small file); moto alone (curl in the
-namespace, no link: what the S3 server can serve); ``seqloader bench --mode raw``
-from S3 and from HTTP (% of the link's rate); webdataset raw over HTTP (the same
-records, ``http://`` shard URLs, which webdataset reads with ``curl``); the full
-ImageNet training pipeline (``--mode full``, ``--workers``) from local disk, from
-S3, and webdataset's (decode + the same, unfused, transforms in a DataLoader);
-the first batch from S3 in a new process (imports, opening, first GETs).
+namespace, no link: what the S3 server can serve); the link's bulk rate (8 files at
+once); raw reading from S3 and from HTTP over ``--epochs`` whole epochs after a
+warm-up epoch (payload MB/s, and the wire rate: bytes the client's veth received;
+% of the link's rate); webdataset raw over HTTP (the same records, ``http://`` shard
+URLs, which webdataset reads with ``curl``); the full ImageNet training pipeline
+(``--workers``) from local disk and from S3, over a 20 s window (``seqloader bench
+--mode full``) and over one whole epoch, and webdataset's (decode + the same,
+unfused, transforms in a DataLoader); the first batch from S3 in a new process
+(imports, opening, first GETs).
 """
 from __future__ import annotations
 
@@ -242,6 +245,34 @@ def raw_epochs(url: str, epochs: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+_FULL = r"""
+import json, sys, time
+from seqloader import Loader
+from seqloader.tools.bench import imagenet_train_transform
+url, workers = sys.argv[1], int(sys.argv[2])
+loader = Loader(url, "train", imagenet_train_transform(), batch_size=256, shuffle=True,
+                num_workers=workers)
+n, start = 0, None
+for images, labels in loader:  # one whole epoch, timed from its first batch
+    if start is None:
+        start = time.perf_counter()
+    else:
+        n += len(labels)
+dt = time.perf_counter() - start
+print(json.dumps({"images_per_s": round(n / dt, 2), "seconds": round(dt, 3), "images": n}))
+"""
+
+
+def full_epoch(url: str, workers: int) -> dict:
+    """The full training pipeline over one whole epoch (a shuffle buffer's fill, at the
+    epoch's start, counts as often as it happens in training: once per epoch)."""
+    out = subprocess.run(client(sys.executable, "-c", _FULL, url, str(workers)), env=env(),
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"full {url}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def link_bulk(urls: list[str]) -> dict:
     """What the link carries: ``len(urls)`` files fetched at once with curl (MB/s of
     payload) and the veth's received bytes over the same time."""
@@ -374,6 +405,8 @@ def main() -> int:
             ("s3_first_batch", lambda: first_batch(s3)),
             ("local_full", lambda: bench(str(args.db), "full", args.seconds, args.workers)),
             ("s3_full", lambda: bench(s3, "full", args.seconds, args.workers)),
+            ("local_full_epoch", lambda: full_epoch(str(args.db), args.workers)),
+            ("s3_full_epoch", lambda: full_epoch(s3, args.workers)),
             ("wds_http_full", lambda: wds_run([f"{http}/wds/{t.name}" for t in tars], "full",
                                               args.seconds, args.workers)),
         ]
@@ -391,6 +424,8 @@ def main() -> int:
             res[k]["wire_pct_of_link"] = round(100 * res[k]["wire_mb_per_s"] / link, 1)
     res["s3_full_pct_of_local"] = round(100 * res["s3_full"]["images_per_s"]
                                         / res["local_full"]["images_per_s"], 1)
+    res["s3_full_epoch_pct_of_local"] = round(100 * res["s3_full_epoch"]["images_per_s"]
+                                              / res["local_full_epoch"]["images_per_s"], 1)
     res["loadavg_end"] = os.getloadavg()[0]
     text = json.dumps(res, indent=2)
     print(text)
