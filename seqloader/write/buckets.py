@@ -2,7 +2,7 @@
 
 NOTE [ checks in pass 2 ]
 Pass 1 only moves bytes (source -> bucket frames, sequential reads and writes); every
-image is prepared (decode check, repairs, re-encoding: :func:`~seqloader.write.prepare.prepare_image`)
+image is prepared (decode check, repairs, re-encoding, packing: :func:`~seqloader.write.shard.prepare_record`)
 in pass 2, as the folder-tree path prepares its files: in the writer's process pool,
 overlapped with the writing.  So pass 1 runs at the disk's pace and the CPU-bound
 checks overlap pass 2's reading and writing instead of standing alone in pass 1; and a
@@ -24,10 +24,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..dataflow.imap import process_map
-from ..format.checksum import record_digest
-from ..format.records import Record, pack_record
-from .options import WriteOptions, stored_name
-from .prepare import prepare_image
+from .options import WriteOptions
+from .shard import prepare_record
 from .sources import read_at
 
 __all__ = ["FRAME", "bucket_frames", "prepared"]
@@ -68,19 +66,13 @@ def bucket_frames(f, limit: int, path: Path | None) -> list[tuple[int, int, int,
 def _prepare_at(item: tuple) -> tuple:
     """In a worker (or this process): ``(pos, src, record value, digest, warning)``, or
     ``(pos, src, None, reason, None)`` for a bad image, for the frame at ``item = (pos,
-    src, bucket, offset, size)``: packed and hashed here, off the writing process."""
+    src, bucket, offset, size)``: :func:`~seqloader.write.shard.prepare_record`, here, off
+    the writing process."""
     pos, src, b, off, n = item
     bucket = _BUCKETS[b]
     data = (bytes(bucket.getbuffer()[off:off + n]) if isinstance(bucket, io.BytesIO)
             else read_at(bucket, off, n))
-    o = _OPT
-    p = prepare_image(data, verify=o.verify, max_size=o.max_size, quality=o.quality,
-                      restart=o.restart_markers)
-    if p.data is None:
-        return pos, src, None, p.error or "unknown error", None
-    value = pack_record(Record(p.data, int(_LABELS[src]), stored_name(_NAMES[src])
-                               if o.store_paths else None, p.reencoded))
-    return pos, src, value, record_digest(value), p.warning
+    return (pos, src, *prepare_record(data, int(_LABELS[src]), _NAMES[src], _OPT))
 
 
 def prepared(items: Iterator[tuple], buckets: Sequence, labels: np.ndarray, names: Sequence[str],

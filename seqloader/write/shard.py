@@ -33,7 +33,25 @@ from .files import (_lock_file, _lock_or_fail, _read_regular, _remove_db, _repor
                     _write_report)
 from .options import ShardResult, WriteOptions, _what_differs, stored_name, stored_pixels
 
-__all__ = ['Feed']
+__all__ = ['Feed', 'prepare_record']
+
+
+def prepare_record(data: bytes, label: int, name: str, opt: WriteOptions
+                   ) -> tuple[bytes | None, bytes | str, str | None]:
+    """The record stored for the encoded image ``data`` of source file ``name``: ``(record
+    value, digest, decoder warning or None)``, or ``(None, error reason, None)`` for a bad
+    image (:func:`~seqloader.write.prepare.prepare_image` decides).  Pure; what every
+    writer path's workers run."""
+    p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality,
+                      restart=opt.restart_markers)
+    if p.data is None:
+        return None, p.error or "unknown error", None
+    image, shape = p.data, None
+    if opt.image_format == "pixels":  # NOTE [ stored pixels ]
+        image, shape = stored_pixels(p.data, opt.short_side)
+    value = pack_record(Record(image, label, stored_name(name) if opt.store_paths else None,
+                               p.reencoded, shape=shape))
+    return value, record_digest(value), p.warning  # CHECKSUM_ALGORITHM: _load_or_start
 
 
 _ACTIVE: "_ShardWriter | None" = None  # the writer whose sources forked workers prepare
@@ -100,17 +118,7 @@ class _ShardWriter:
             data = _read_regular(self.scan.root / rel)
         except OSError as e:
             return pos, None, f"cannot read: {e.strerror or e}", None
-        p = prepare_image(data, verify=self.opt.verify, max_size=self.opt.max_size,
-                          quality=self.opt.quality, restart=self.opt.restart_markers)
-        if p.data is None:
-            return pos, None, p.error or "unknown error", None
-        image, shape = p.data, None
-        if self.opt.image_format == "pixels":  # NOTE [ stored pixels ]
-            image, shape = stored_pixels(p.data, self.opt.short_side)
-        value = pack_record(Record(image, int(self.scan.labels[i]),
-                                   stored_name(rel) if self.opt.store_paths else None, p.reencoded,
-                                   shape=shape))
-        return pos, value, record_digest(value), p.warning  # CHECKSUM_ALGORITHM: _load_or_start
+        return (pos, *prepare_record(data, int(self.scan.labels[i]), rel, self.opt))
 
     def _labels(self, start: int, stop: int, meta: Meta) -> bytes:
         """The labels of the stored records, in record order (int32 little-endian)."""
