@@ -149,18 +149,19 @@ class RemoteFile:
     def fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the file as opened, retried on transient errors
         (NOTE [ remote reading ]); :class:`RemoteError` when they cannot be had."""
-        buf = bytearray(max(0, end - start))
-        self.fetch_into(start, memoryview(buf), end)
-        return bytes(buf)
+        return self._fetch(start, end, None)
 
-    def fetch_into(self, start: int, buf: memoryview, end: int | None = None) -> None:
+    def fetch_into(self, start: int, buf: memoryview) -> None:
         """:meth:`fetch` of ``len(buf)`` bytes from ``start``, written into ``buf``."""
-        end = start + len(buf) if end is None else end
-        if not 0 <= start <= end <= self.size or end - start != len(buf):
+        self._fetch(start, start + len(buf), buf)
+
+    def _fetch(self, start: int, end: int, buf: memoryview | None) -> bytes | None:
+        """The bytes (``buf`` None), or None once written into ``buf``."""
+        if not 0 <= start <= end <= self.size:
             raise ValueError(f"range [{start}, {end}) outside {safe_url(self.url)} "
                              f"({self.size} bytes)")
         if start == end:
-            return
+            return None if buf is not None else b""
         opts = self.options
         last: BaseException | None = None
         for attempt in range(opts.retries):
@@ -169,8 +170,9 @@ class RemoteFile:
             try:
                 plain = _plain(self)
                 if plain is not None:  # NOTE [ plain ranged GETs ]
-                    get_into(plain, start, buf, self.etag, opts.timeout, self.size)
-                    return
+                    out = buf if buf is not None else memoryview(bytearray(end - start))
+                    get_into(plain, start, out, self.etag, opts.timeout, self.size)
+                    return None if buf is not None else bytes(out)
                 data = self._get(start, end)
             except Exception as e:  # noqa: BLE001 - classified below
                 kind = _classify(e)
@@ -182,8 +184,10 @@ class RemoteFile:
                 last = e
                 continue
             if len(data) == end - start:
+                if buf is None:
+                    return data
                 buf[:] = data
-                return
+                return None
             if len(data) == self.size and end - start != self.size:
                 raise RemoteError(f"{safe_url(self.url)}: {RangeIgnoredError.text}")
             last = EOFError(f"got {len(data)} of {end - start} bytes")
