@@ -76,12 +76,20 @@ def _opts(moto, endpoint=None, **kw):
     return RemoteOptions(storage_options=moto.storage_options(endpoint), **kw)
 
 
-def _all_records(db) -> list[tuple[int, bytes]]:
+def _all_records(db, prefetch: int = 64 << 10, at: int | None = None,
+                 then=None) -> list[tuple[int, bytes]]:
+    """Every record of ``db`` in order, read by a RangeReader; ``then()`` is called once
+    record number ``at`` has arrived (to break the server mid-epoch)."""
     from seqloader.read.reader import RangeReader
 
-    reader = RangeReader(db, prefetch_bytes=64 << 10)
+    reader = RangeReader(db, prefetch_bytes=prefetch)
+    got = []
     try:
-        return [(i, bytes(v)) for i, v in reader.read([(0, db.num_records)])]
+        for k, (i, v) in enumerate(reader.read([(0, db.num_records)])):
+            got.append((i, bytes(v)))
+            if k == at:
+                then()
+        return got
     finally:
         reader.close()
 
@@ -295,22 +303,19 @@ def test_s3_faults_are_retried(moto, s3_url, lmdb_dir):
     """Resets, 503 SlowDown, a reply cut mid-body, a stuck reply (past ``timeout``) and the
     server gone for a second mid-epoch: every record arrives once, in order."""
     from seqloader.read.database import open_database
-    from seqloader.read.reader import RangeReader
 
     faults = {3: "reset", 5: "503", 6: "503", 8: "cut", 10: "slow:3", 13: "500"}
     proxy = rs.FaultProxy(moto.port, lambda n, line: faults.get(n) if "GET" in line else None)
     db = open_database(s3_url, "train", remote=_opts(moto, proxy.url, block=16 << 10, timeout=1.0))
     want = _all_records(open_database(lmdb_dir, "train"))
-    reader = RangeReader(db, prefetch_bytes=48 << 10)
-    got = []
+
+    def gone_for_a_second():
+        proxy.down()
+        threading.Timer(1.0, proxy.up).start()
+
     try:
-        for k, (i, v) in enumerate(reader.read([(0, db.num_records)])):
-            got.append((i, bytes(v)))
-            if k == 20:
-                proxy.down()
-                threading.Timer(1.0, proxy.up).start()
+        got = _all_records(db, 48 << 10, at=20, then=gone_for_a_second)
     finally:
-        reader.close()
         proxy.down()
     assert got == want
     assert {"reset", "503", "cut", "slow:3", "500"} <= set(proxy.injected)
@@ -449,25 +454,20 @@ def test_http_server_restart_mid_epoch(nginx, lmdb_dir):
     pytest.importorskip("fsspec")
     pytest.importorskip("aiohttp")
     from seqloader.read.database import open_database
-    from seqloader.read.reader import RangeReader
     from seqloader.read.remote import RemoteOptions
 
     db = open_database(nginx.url + "/single", "train", remote=RemoteOptions(block=16 << 10))
     want = _all_records(open_database(lmdb_dir, "train"))
-    reader = RangeReader(db, prefetch_bytes=48 << 10)
-    got = []
-    try:
-        for k, (i, v) in enumerate(reader.read([(0, db.num_records)])):
-            got.append((i, bytes(v)))
-            if k == 10:
-                before = nginx.gets("single/")
-                nginx.stop()
-                time.sleep(0.5)
-                nginx.start()
-        after = nginx.gets("single/")
-    finally:
-        reader.close()
-    assert got == want and after > before
+    before = []
+
+    def restart():
+        before.append(nginx.gets("single/"))
+        nginx.stop()
+        time.sleep(0.5)
+        nginx.start()
+
+    got = _all_records(db, 48 << 10, at=10, then=restart)
+    assert got == want and nginx.gets("single/") > before[0]
 
 
 @pytest.mark.needs("nginx", "fsspec", "aiohttp")
