@@ -316,6 +316,7 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
             raise
     finally:
         p1.close()
+        close_files()  # (pass 2 without workers read the buckets here)
     shutil.rmtree(scratch, ignore_errors=True)
     return report, classes
 

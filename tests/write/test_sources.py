@@ -186,6 +186,22 @@ def test_webdataset_shards_with_cls_and_json(synth_tree, tmp_path):
         x for x in want if x[0] not in bad}
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_no_scratch_file_stays_open(train_tar, tmp_path):
+    """Pass 2 without workers reads the buckets in this process; once the call returns, no
+    descriptor holds a (removed) bucket file, whose disk space it would keep."""
+    out = tmp_path / "ILSVRC-train.lmdb"
+    _quiet(write_source, open_source([train_tar]), out, "train", _opts(verify=False),
+           memory_budget=60_000)
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    assert not [p for p in held if ".scratch" in p]
+
+
 def test_strict_stops_and_removes_scratch(train_tar, tmp_path):
     out = tmp_path / "ILSVRC-train.lmdb"
     with pytest.raises(BadImageError, match="drop --strict"):
