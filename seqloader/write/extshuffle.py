@@ -105,7 +105,7 @@ class _Pass1:
         self.index = self._open("index.bin", self.state["index"])
 
     def _new_state(self) -> dict:
-        return {"plan": self.plan, "done": False, "cursor": [], "records": 0, "bad": 0,
+        return {"plan": self.plan, "done": False, "cursor": [], "records": 0,
                 "buckets": [0] * (1 << self.bits), "index": 0, "classes": [], "position": 0}
 
     def _open(self, name: str, length: int):
