@@ -81,12 +81,12 @@ def direct_url(url: str, fs, path: str, has_options: bool) -> Callable[[], str |
             made = _signed.get(key)
             if made is None or time.monotonic() - made[0] > _SIGN_SECONDS / 2:
                 try:
-                    made = (time.monotonic(), str(fs.sign(path, expiration=_SIGN_SECONDS)))
+                    u = str(fs.sign(path, expiration=_SIGN_SECONDS))
                 except Exception:  # noqa: BLE001 - e.g. NotImplementedError, no credentials
-                    made = (time.monotonic(), "")
-                _signed[key] = made
-        u = made[1]
-        return u if u.startswith(("http://", "https://")) and _no_proxy_for(u) else None
+                    u = ""
+                usable = u.startswith(("http://", "https://")) and _no_proxy_for(u)
+                made = _signed[key] = (time.monotonic(), u if usable else "")
+        return made[1] or None
 
     return signed
 
