@@ -33,7 +33,7 @@ from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
 from .remote import RemoteFile, RemoteOptions, RemoteSource, _filesystem, _stat, safe_url
 
-__all__ = ["find_remote", "open_remote"]
+__all__ = ["locate_remote", "open_remote"]
 
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.lmdb$")
 _HEAD = 8192  # the two meta pages at LMDB's usual 4 KiB page size
@@ -79,8 +79,10 @@ def _located(urls: list[str], listed: dict[str, RemoteFile | None] | None
 
 def locate_remote(url: str, split: str | None, options: RemoteOptions
                   ) -> tuple[list[str], dict[str, RemoteFile]]:
-    """:func:`find_remote`'s URLs, and those of their files that one listing described
-    (size and ETag), by URL."""
+    """The shard URLs of a remote database (as :func:`~seqloader.format.files.find_database`):
+    a file URL, one shard's URL (its siblings are named from it), or a folder URL and a
+    split (the folder's listing, where there is one, names the shards); and those of
+    their files that the listing described (size and ETag), by URL."""
     base, _, name = url.rstrip("/").rpartition("/")
     if name.endswith(".lmdb"):
         m = _SHARD.match(name)
@@ -109,13 +111,6 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     n = int(m["n"])
     urls = [f"{folder}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
     return _located(urls, listed)
-
-
-def find_remote(url: str, split: str | None, options: RemoteOptions) -> list[str]:
-    """The shard URLs of a remote database (as :func:`~seqloader.format.files.find_database`):
-    a file URL, one shard's URL (its siblings are named from it), or a folder URL and a
-    split (the folder's listing, where there is one, names the shards)."""
-    return locate_remote(url, split, options)[0]
 
 
 class _Ranges:
