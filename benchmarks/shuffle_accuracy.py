@@ -332,11 +332,11 @@ class SeqTrain:
         return len(self.loader)
 
     def epoch(self, e: int) -> Iterator[tuple[Any, Any]]:
-        from shuffle_quality import fast_epoch_order
+        from seqloader.tools.quality import epoch_order
 
         self.loader.set_epoch(e)
         yield from self.loader
-        self.orders.append(fast_epoch_order(self.loader.plan_spec, e, cache=self.cache))
+        self.orders.append(epoch_order(self.loader.plan_spec, e, cache=self.cache))
 
     def close(self) -> None:
         self.loader.close()
@@ -470,12 +470,12 @@ def reference_quality(args: argparse.Namespace, labels_sorted: np.ndarray,
     rules (computed from the plan; two epochs)."""
     from seqloader.loader import DEFAULT_CACHE, DEFAULT_CHUNK
     from seqloader.read.plan import PlanSpec
-    from seqloader.tools.quality import distinct_ratio, epoch_correlation
-    from shuffle_quality import fast_epoch_order, ideal_pair_repeat, pair_repeat
+    from seqloader.tools.quality import distinct_ratio, epoch_correlation, epoch_order
+    from shuffle_quality import ideal_pair_repeat, pair_repeat
 
     def fig(lab_sorted, lab_shuf, n, B, cache, chunk) -> dict[str, Any]:
         spec = PlanSpec((n,), B, chunk, True, seed=0, num_workers=2)
-        o = [fast_epoch_order(spec, e, cache=cache) for e in (0, 1)]
+        o = [epoch_order(spec, e, cache=cache) for e in (0, 1)]
         return {"records": n, "batch_size": B, "cache": cache, "chunk_size": chunk,
                 "distinct_sorted": float(np.mean([distinct_ratio(lab_sorted, x, B) for x in o])),
                 "distinct_shuffled": float(np.mean([distinct_ratio(lab_shuf, x, B) for x in o])),

@@ -40,7 +40,8 @@ class-sorted (``np.repeat``) vs a seeded permutation of them (what the writer do
 ``--db PATH`` uses a real database's labels instead (in its written order; its mean
 record size sets ``buffer``).  Orders are computed once per (cache, chunk) and scored
 for both layouts.  Cost: ~0.5 us/record/epoch for the shuffle buffer (a Python loop;
-the position -> record mapping is vectorised, see :func:`fast_epoch_order`) plus the
+the position -> record mapping is vectorised, in
+:func:`seqloader.tools.quality.epoch_order`) plus the
 scoring -- the default 1.3 M-record, 5 x 5 grid (caches 500..50000, chunks 16..4096)
 took 2.5 min on one (shared) core.  Settings with ``cache`` or ``chunk_size`` above
 the record count are skipped.
@@ -68,42 +69,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from seqloader.dataflow.reading import shuffle_rng
-from seqloader.read.plan import PlanSpec, plan_epoch
-from seqloader.tools.quality import distinct_ratio, epoch_correlation
-from seqloader.dataflow.shuffle import default_warmup, shuffle_order
+from seqloader.read.plan import PlanSpec
+from seqloader.tools.quality import distinct_ratio, epoch_correlation, epoch_order
 
 IMAGENET_RECORDS = 1_281_167
 IMAGENET_RECORD_BYTES = 110_000
 DEFAULT_CACHES = (500, 1000, 5000, 20000, 50000)
 DEFAULT_CHUNKS = (16, 64, 256, 1024, 4096)
 
-__all__ = ["fast_epoch_order", "pair_repeat", "ideal_pair_repeat", "hdd_efficiency",
+__all__ = ["pair_repeat", "ideal_pair_repeat", "hdd_efficiency",
            "score", "run_grid", "format_markdown", "main"]
 
 
 # ----------------------------------------------------------------------------- metrics
-
-def fast_epoch_order(spec: PlanSpec, epoch: int, *, cache: int,
-                     warmup: int | None = None) -> np.ndarray:
-    """:func:`seqloader.tools.quality.epoch_order` with the position -> record mapping
-    vectorised (same plan, same shuffle buffer, same generator: identical output;
-    checked by ``tests/test_benchmark_scripts.py``)."""
-    plan = plan_epoch(spec, epoch)
-    lengths = np.asarray([b - a for a, b in plan.ranges], np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    firsts = np.asarray([a for a, _ in plan.ranges] or [0], np.int64)
-    n = int(starts[-1])
-    if spec.shuffle:
-        if warmup is None:
-            warmup = default_warmup(cache, spec.batch_size, spec.num_records, spec.world_size)
-        pos = shuffle_order(n, cache, shuffle_rng(spec.seed, epoch, spec.rank), warmup=warmup,
-                            eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
-    else:
-        pos = np.arange(n, dtype=np.int64)
-    i = np.searchsorted(starts, pos, side="right") - 1
-    return firsts[i] + pos - starts[i]
-
 
 def ideal_pair_repeat(n: int, batch_size: int) -> float:
     """Pair repeat of independent uniform permutations: ``(B - 1) / (N - 1)``."""
@@ -206,7 +184,7 @@ def run_grid(args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         spec = PlanSpec(shard_sizes=(n,), batch_size=B, chunk_size=max(args.chunks),
                         shuffle=False, seed=args.seed, num_workers=2, even=False)
-        add("no shuffle", None, None, [fast_epoch_order(spec, e, cache=1) for e in epochs],
+        add("no shuffle", None, None, [epoch_order(spec, e, cache=1) for e in epochs],
             time.perf_counter() - t)
         bar.update(1)
         for cache, chunk in grid:
@@ -214,7 +192,7 @@ def run_grid(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             spec = PlanSpec(shard_sizes=(n,), batch_size=B, chunk_size=chunk, shuffle=True,
                             seed=args.seed, num_workers=2)
-            orders = [fast_epoch_order(spec, e, cache=cache) for e in epochs]
+            orders = [epoch_order(spec, e, cache=cache) for e in epochs]
             add("seqloader", cache, chunk, orders, time.perf_counter() - t)
             bar.update(1)
     finally:

@@ -42,10 +42,13 @@ def _bench_module(name: str):
         sys.path.remove(str(BENCH))
 
 
-def test_fast_epoch_order_is_the_loader_order():
+def test_vectorised_epoch_order_maps_positions_as_the_loader():
+    """epoch_order maps stream positions to records all at once; the Loader maps them one
+    by one (PositionMap.__call__): the same records."""
     sq = _bench_module("shuffle_quality")
-    fast_epoch_order, pair_repeat = sq.fast_epoch_order, sq.pair_repeat
-    from seqloader.read.plan import PlanSpec
+    pair_repeat = sq.pair_repeat
+    from seqloader.dataflow.reading import PositionMap
+    from seqloader.read.plan import PlanSpec, plan_epoch
     from seqloader.tools.quality import epoch_order
 
     for spec, cache in [(PlanSpec((1000,), 16, 7, True, num_workers=2), 50),
@@ -53,8 +56,11 @@ def test_fast_epoch_order_is_the_loader_order():
                         (PlanSpec((777,), 32, 1024, True), 1000),
                         (PlanSpec((600,), 32, 64, False, even=False), 1)]:
         for epoch in (0, 1):
-            assert np.array_equal(fast_epoch_order(spec, epoch, cache=cache),
-                                  epoch_order(spec, epoch, cache=cache))
+            index_of = PositionMap(plan_epoch(spec, epoch).ranges)
+            positions = np.random.default_rng(epoch).permutation(len(index_of))
+            assert np.array_equal(index_of.many(positions), [index_of(int(p)) for p in positions])
+            order = epoch_order(spec, epoch, cache=cache)
+            assert sorted(order.tolist()) == sorted(index_of.many(np.arange(len(index_of))))
     same = np.arange(1000)
     assert pair_repeat(same, same, 10) == 1.0
     rng = np.random.default_rng(0)

@@ -55,6 +55,11 @@ class PositionMap:
         i = int(np.searchsorted(self.starts, p, side="right")) - 1
         return int(self.firsts[i] + p - self.starts[i])
 
+    def many(self, positions: np.ndarray) -> np.ndarray:
+        """:meth:`__call__` of every position at once (int64)."""
+        i = np.searchsorted(self.starts, positions, side="right") - 1
+        return (self.firsts[i] + positions - self.starts[i]).astype(np.int64)
+
 
 def skip_ranges(ranges: Sequence[tuple[int, int]], skip: int) -> list[tuple[int, int]]:
     """``ranges`` without their first ``skip`` records."""

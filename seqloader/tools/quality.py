@@ -38,7 +38,7 @@ def epoch_order(spec: PlanSpec, epoch: int, *, cache: int, warmup: int | None = 
                               eager=int(plan.batch_sizes[0]) if len(plan.batch_sizes) else 0)
     else:
         order = np.arange(n)
-    return np.asarray([index_of(int(p)) for p in order], np.int64)
+    return index_of.many(np.asarray(order, np.int64))
 
 
 def expected_distinct(labels: np.ndarray, batch_size: int) -> float:
