@@ -156,7 +156,13 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
     without it, every split with a database there, train and val first.  Raises
     FileNotFoundError naming what is there instead (e.g. an image tree to preprocess)."""
     from .format.files import database_splits, find_database
+    from .read.remote import is_url
 
+    if split is None and is_url(str(path)) and not str(path).rstrip("/").endswith(".lmdb"):
+        from .read.remote import RemoteOptions
+        from .read.remoteopen import remote_splits
+
+        return list(remote_splits(str(path), RemoteOptions())) or [None]
     p = Path(path)
     if split is not None or not p.is_dir():
         return [split]
@@ -168,7 +174,7 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
 
 def _info(args: argparse.Namespace) -> int:
     splits = path_splits(args.path, args.split)
-    folder = args.split is None and Path(args.path).is_dir()
+    folder = args.split is None and (Path(args.path).is_dir() or splits != [None])
     infos = {}
     for i, split in enumerate(splits):
         if not args.json and i:
@@ -182,10 +188,11 @@ def _info(args: argparse.Namespace) -> int:
 def _describe(path: str, split: str | None, as_json: bool) -> dict:
     """Print what ``info`` says about one split (unless ``as_json``); its JSON object."""
     from .read.database import empty_reason, open_database
+    from .read.remotefaults import safe_url
 
     db = open_database(path, split, require_complete=False, require_records=False)
     info = {
-        "paths": [str(p) for p in db.paths], "split": db.split, "num_records": db.num_records,
+        "paths": [safe_url(str(p)) for p in db.paths], "split": db.split, "num_records": db.num_records,
         "num_classes": len(db.classes), "classes": db.classes,
         "format_version": db.metas[0].version, "complete": all(m.complete for m in db.metas),
         "image_bytes": db.image_bytes, "file_bytes": db.file_bytes,
@@ -253,7 +260,7 @@ def _verify(args: argparse.Namespace) -> int:
     from .write.verify import verify_database
 
     splits = path_splits(args.path, args.split)
-    named = args.split is None and Path(args.path).is_dir()  # (else the path says which)
+    named = args.split is None and (Path(args.path).is_dir() or splits != [None])
     ok = True
     for split in splits:
         res = verify_database(args.path, split, workers=args.workers,
@@ -358,7 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (FormatError, OSError, ValueError, RuntimeError) as e:
-        print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
+        from .read.remotefaults import redact  # (no credentials from a URL in any message)
+
+        print(f"seqloader {args.command}: error: {redact(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = ""
