@@ -36,7 +36,8 @@ from typing import Any, Iterator
 from ..errors import RemoteChangedError, RemoteError
 from .direct import DirectStream
 from .httprange import RangeIgnoredError, direct_url, get_into, interrupt
-from .remotefaults import call_with_timeout, error_for, redact_options, retrying, safe_url
+from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options, retrying,
+                           safe_url)
 from .source import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
@@ -302,6 +303,7 @@ class RemoteStream(DirectStream):
         # a block's attempts end by its deadline (+ one connect and one request at most)
         self.read_timeout = opts.deadline + opts.connect_timeout + opts.timeout + 10
         self.abort = threading.Event()
+        self.first_error: RemoteError | None = None
         self.cache = None
         if opts.cache_dir is not None:
             from .remotecache import open_cache
@@ -311,6 +313,7 @@ class RemoteStream(DirectStream):
 
     def read(self, parts: Any) -> Iterator[memoryview]:
         self.abort = threading.Event()  # (a pass after a failed one starts afresh)
+        self.first_error: RemoteError | None = None
         return super().read(parts)
 
     def _stop(self) -> None:
@@ -340,8 +343,13 @@ class RemoteStream(DirectStream):
             if self.cache is not None and self.cache.read_into(f, off, buf[:n]):
                 return n
             f.fetch_into(off, buf[:n], abort)
-        except RemoteError:
+        except Aborted:  # another block failed first: its error is the pass's (a copy:
+            first = self.first_error  # one object raised in many threads mixes tracebacks)
+            raise (type(first)(*first.args) if first is not None else RemoteError(
+                f"{safe_url(part.path)} bytes {off}-{off + n - 1}: the read was stopped")) from None
+        except RemoteError as e:
             if abort is self.abort:
+                self.first_error = self.first_error or e
                 self._stop()
             raise
         if self.cache is not None:

@@ -107,9 +107,11 @@ def _timed_out(e: BaseException) -> bool:
 def classify(e: BaseException) -> str:
     """``"changed"``, ``"access"``, ``"missing"``, ``"permanent"`` or ``"transient"``
     (retried) for an attempt's exception."""
-    status = status_of(e)
     if isinstance(e, Aborted):
         return "permanent"
+    if isinstance(e, TimeoutError) or "Timeout" in type(e).__name__:
+        return "transient"  # (whatever status an earlier exception in its context had)
+    status = status_of(e)
     if status == 412 or isinstance(e, RemoteChangedError):
         return "changed"
     if status in (401, 403) or isinstance(e, PermissionError):
@@ -220,19 +222,20 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
             time.sleep(delay)
 
 
-def call_with_timeout(fs: Any, name: str, path: str, timeout: float, **kwargs: Any) -> Any:
-    """``fs.<name>(path, **kwargs)`` (an fsspec method: ``info``, ``ls``, ``exists``...)
+def call_with_timeout(fs: Any, name: str, path: str, timeout: float, *args: Any,
+                      **kwargs: Any) -> Any:
+    """``fs.<name>(path, *args, **kwargs)`` (an fsspec method: ``info``, ``ls``...)
     cancelled after ``timeout`` seconds: through the event loop for async filesystems,
     else in a daemon thread that is abandoned on timeout."""
     if getattr(fs, "async_impl", False) and hasattr(fs, "_" + name):
         from fsspec.asyn import sync
 
-        return sync(fs.loop, getattr(fs, "_" + name), path, timeout=timeout, **kwargs)
+        return sync(fs.loop, getattr(fs, "_" + name), path, *args, timeout=timeout, **kwargs)
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            box["value"] = getattr(fs, name)(path, **kwargs)
+            box["value"] = getattr(fs, name)(path, *args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller
             box["error"] = e
     t = threading.Thread(target=run, name="seqloader-remote-call", daemon=True)
