@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import shutil
 import sys
 import tempfile
 import warnings
@@ -153,12 +152,10 @@ class Uploader:
                                                                skipped=False))
                 if pending is not None:
                     pending.result()
-            except BaseException as e:
+            except BaseException:
                 if pending is not None and not pending.done():
                     pending.cancel()
-                if isinstance(e, (RemoteAccessError, RemoteNotFoundError)):
-                    # the destination refuses: nothing staged can be resumed into it
-                    shutil.rmtree(self.staging, ignore_errors=True)
+                _cleanup(self.staging)  # (only when empty: a complete shard there is resumed)
                 raise
         for m in caught:
             warnings.warn_explicit(m.message, m.category, m.filename, m.lineno)
