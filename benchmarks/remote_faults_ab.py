@@ -82,7 +82,10 @@ def main() -> int:
                              timeout=900)
         if out.returncode:
             raise RuntimeError(f"{cmd[:4]}: {out.stderr[-2000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        try:
+            return json.loads(out.stdout)  # (bench --json: one indented document)
+        except json.JSONDecodeError:
+            return json.loads(out.stdout.strip().splitlines()[-1])
 
     shards = sorted(args.db.glob("ILSVRC-train*.lmdb"))
     net = rr.Net(args.rate_mbit, args.work)

@@ -78,7 +78,7 @@ def _fast(storage_options=None, **kw):
     return RemoteOptions(storage_options=storage_options or {}, **kw)
 
 
-def _records(db, options_verify=True):
+def _records(db):
     from seqloader.read.reader import RangeReader
 
     reader = RangeReader(db, prefetch_bytes=64 << 10)
