@@ -202,7 +202,7 @@ def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
     assert _all_records(db) == want and calls == []
     monkeypatch.setattr(httprange, "_SIGN_SECONDS", 0)  # (signed again on every GET)
     monkeypatch.setattr(remote, "_PLAIN", {})
-    fs, _ = remote._filesystem(db.paths[0], db.remote.options)
+    fs, _ = remote.filesystem(db.paths[0], db.remote.options)
     monkeypatch.setattr(type(fs), "sign", lambda *a, **k: (_ for _ in ()).throw(
         NotImplementedError("no signer")))
     assert _all_records(db) == want and calls  # fsspec's path, same bytes
