@@ -15,8 +15,8 @@ requests and yields every record in order.  Three implement it:
 * ``remote`` (:class:`~seqloader.read.remote.RemoteStream`): ranged GETs into the same
   ring (NOTE [ remote reading ]).
 
-:func:`~seqloader.read.reader.open_source` chooses one; adding a source means one module and
-one branch there.  This module imports none of them: they import it.
+:func:`~seqloader.read.reader.open_byte_source` chooses one; adding a source means one
+module and one branch there.  This module imports none of them: they import it.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from ..format.meta import EXTENT_DTYPE
 if TYPE_CHECKING:
     from .remote import RemoteSource
 
-__all__ = ["RangeReader", "open_source"]
+__all__ = ["RangeReader", "open_byte_source"]
 
 
 
@@ -78,7 +78,7 @@ class RangeReader:
                     for sh in shards:
                         sh.close()
                     raise
-            self._source = open_source(shards, io=self.io, total_bytes=self.db.file_bytes,
+            self._source = open_byte_source(shards, io=self.io, total_bytes=self.db.file_bytes,
                                        window=self.prefetch_bytes, fault_in=self.fault_in,
                                        remote=remote)
             self._shards = shards
@@ -194,8 +194,8 @@ class RangeReader:
         return self.__dict__.copy()
 
 
-def open_source(shards: Sequence[Any], *, io: str, total_bytes: int, window: int,
-                fault_in: bool, remote: "RemoteSource | None" = None) -> ByteSource:
+def open_byte_source(shards: Sequence[Any], *, io: str, total_bytes: int, window: int,
+                     fault_in: bool, remote: "RemoteSource | None" = None) -> ByteSource:
     """The source for ``shards`` (:class:`~seqloader.read.shard.Shard` s): remote for a
     remote database; direct I/O when :func:`~seqloader.read.direct.choose` says so and
     every file has record extents on a file system with ``O_DIRECT`` (else buffered,

@@ -43,7 +43,7 @@ from ..format.decoders import check_jpeg, clean_jpeg_header, decode_any, imdecod
 from ..format.jpeg import add_restart_index, jpeg_frame, jpeg_info, jpeg_scan, restart_grid
 
 __all__ = ["Prepared", "prepare_image", "check_stored", "sniff_format", "decode_bgr",
-           "restart_blocks", "add_restart_markers", "JPEGTRAN_HELP"]
+           "restart_blocks", "add_restart_markers", "encode_jpeg", "shrink", "JPEGTRAN_HELP"]
 
 #: File signatures of the containers OpenCV or Pillow decode (the name is what
 #: ``reencoded`` says for a non-JPEG; a file whose signature is unknown is still
@@ -153,7 +153,7 @@ def add_restart_markers(data: bytes) -> bytes:
     return add_restart_index(r.stdout)
 
 
-def _encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
+def encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
     params = [cv2.IMWRITE_JPEG_QUALITY, int(quality), cv2.IMWRITE_JPEG_OPTIMIZE, 1]
     if restart:  # OpenCV writes 4:2:0: MCUs of 16 x 16 px
         params += [cv2.IMWRITE_JPEG_RST_INTERVAL, restart_blocks(-(-bgr.shape[1] // 16))]
@@ -163,7 +163,7 @@ def _encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
     return add_restart_index(buf.tobytes()) if restart else buf.tobytes()
 
 
-def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
+def shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
     h, w = bgr.shape[:2]
     scale = max_size / min(h, w)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
@@ -242,9 +242,9 @@ def _reencoded(data: bytes, reason: str | None, *, max_size: int | None, quality
         return Prepared(None, error=error or text)
     warning = _joined(warning, text)
     if max_size is not None and min(bgr.shape[:2]) > max_size:
-        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized",
+        return Prepared(encode_jpeg(shrink(bgr, max_size), quality, restart), "resized",
                         warning=warning)
-    return Prepared(_encode_jpeg(bgr, quality, restart), reason or fmt, warning=warning)
+    return Prepared(encode_jpeg(bgr, quality, restart), reason or fmt, warning=warning)
 
 
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,

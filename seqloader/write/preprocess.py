@@ -136,7 +136,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
     the classes of sources labelled by index (tensorpack LMDB files)."""
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
-    from .sources import open_source
+    from .inputs import open_source
 
     opt = options or WriteOptions()
     if is_url(lmdb_dir):

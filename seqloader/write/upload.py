@@ -44,8 +44,8 @@ from ..read.lmdbpages import lookup_first_leaf
 from ..read.remote import safe_url
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
-from .files import _write_report
-from .options import ShardResult, WriteOptions, WriteReport, _fingerprint, write_order
+from .outfiles import write_report
+from .options import ShardResult, WriteOptions, WriteReport, scan_fingerprint, write_order
 from .writer import write_split
 
 __all__ = ["Uploader", "ATOMIC_PROTOCOLS", "default_staging"]
@@ -105,7 +105,7 @@ class Uploader:
         upload fails or does not read back as written."""
         opt = options
         name = f"{db_name(split)}.lmdb"
-        fingerprint = _fingerprint(scan, split, write_order(len(scan), seed=opt.seed,
+        fingerprint = scan_fingerprint(scan, split, write_order(len(scan), seed=opt.seed,
                                                             shuffle=opt.shuffle), opt)
         self._check_layout(name, split, opt)
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,7 @@ class Uploader:
         if (meta.bad_files or meta.warned_files) and not self.fs.exists(f"{self.path}/{report}"):
             local = self.staging / shard  # (its report was deleted: put it back from the metadata)
             self.staging.mkdir(parents=True, exist_ok=True)
-            _write_report(local, meta.bad_files, meta.warned_files)
+            write_report(local, meta.bad_files, meta.warned_files)
             self._put(bad_files_path(local), report)
             bad_files_path(local).unlink()
         return ShardResult(self.where(shard), meta.num_records, meta.image_bytes, meta.bad_files,

@@ -97,7 +97,7 @@ def test_writer(synth_tree, tmp_path, monkeypatch, nw):
     """An unexpected failure of the image preparation (not a bad image: those are
     bad-files rows) -- in this process (reading only: threads) or in the decode
     check's worker processes."""
-    from seqloader.write import shard, writer
+    from seqloader.write import shardwriter as shard, writer
 
     real = shard.prepare_image
 

@@ -19,7 +19,7 @@ from seqloader.write.writer import write_split
 from seqloader.format.decoders import captured_stderr, clean_jpeg_header
 from seqloader.write.prepare import check_stored, prepare_image, sniff_format
 from seqloader.transforms import Compose, RandomResizedCrop, ToTensor
-from seqloader.write.files import WARNED
+from seqloader.write.outfiles import WARNED
 
 Image = pytest.importorskip("PIL.Image")
 
