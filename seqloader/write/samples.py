@@ -16,7 +16,8 @@ from typing import Any, Sequence
 import cv2
 import numpy as np
 
-from .prepare import encode_jpeg, shrink, prepare_image, sniff_format
+from ..format.imagecheck import sniff_format
+from .prepare import encode_jpeg, prepare_image, shrink
 from ..format.pixels import shrink_to, to_rgb
 from ..format.records import Record, pack_record
 from ..format.checksum import record_digest

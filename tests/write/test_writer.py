@@ -579,7 +579,7 @@ def test_written_records_leave_the_page_cache(tmp_path):
     page cache (it would flood it on a 140 GB split), and the file still reads and
     verifies.  (Mutation: without ``_drop_behind`` nearly every page stays.)"""
     from seqloader.tools.synth import make_synthetic_imagenet
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     skip_unless_pages_can_be_dropped(tmp_path)
     tree = _quiet(make_synthetic_imagenet, tmp_path / "src", classes=3, per_class=20,
@@ -604,7 +604,7 @@ def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(l
 
     import msgpack
 
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -636,7 +636,7 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
     import numpy as np
 
     from seqloader.format.meta import pack_meta, unpack_meta
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
