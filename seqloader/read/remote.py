@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import RemoteError
+from ..errors import NotFoundError, RemoteError
 from .httprange import RangeIgnoredError, direct_url, get_into
 from .direct import DirectStream
 from .bytesource import Part
@@ -300,7 +300,7 @@ def stat_remote(url: str, options: RemoteOptions) -> RemoteFile:
         fs.invalidate_cache(path)  # (fsspec may answer from a listing it cached earlier)
         info = fs.info(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"database {safe_url(url)} does not exist") from None
+        raise NotFoundError(f"database {safe_url(url)} does not exist") from None
     except Exception as e:  # noqa: BLE001 - named, credentials removed
         if _classify(e) == "permanent":
             raise RemoteError(f"{safe_url(url)}: {_describe(e, url)}") from None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import FormatError
+from ..errors import FormatError, NotFoundError
 from ..format.files import db_name
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -92,8 +92,8 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
         urls = [f"{base}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
         return _located(urls, _listing(base, options) if n > 1 else None)
     if split is None:
-        raise FileNotFoundError(f"{safe_url(url)} is a folder; name the split too (e.g. 'train'), "
-                                "or pass the .lmdb file's URL")
+        raise NotFoundError(f"{safe_url(url)} is a folder; name the split too (e.g. 'train'), "
+                            "or pass the .lmdb file's URL")
     folder = url.rstrip("/")
     single = f"{db_name(split)}.lmdb"
     listed = _listing(folder, options)
@@ -102,7 +102,7 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     if single in names or (not shards and _exists(f"{folder}/{single}", options)):
         return _located([f"{folder}/{single}"], listed)
     if not shards:
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"no database for split {split!r} at {safe_url(folder)}: looked for "
             f"{single} or a listing with {db_name(split)}-NNNNN-of-NNNNN.lmdb "
             "(an HTTP server may not list folders: pass the URL of the .lmdb file or of "

@@ -16,6 +16,7 @@ from .scan import read_label_lines, is_image_file
 
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
                       clean_name, tar_members, open_archive, read_member, tar_stem, tar_at)
+from ..errors import NotFoundError
 
 __all__ = ["TarSource", "TreeTar", "TarOfTars", "FlatTar", "WebDataset"]
 
@@ -137,7 +138,7 @@ class FlatTar(TarSource):
         super().__init__(files, classes=classes)
         self.labels_file = Path(labels_file)
         if not self.labels_file.is_file():
-            raise FileNotFoundError(f"labels file {self.labels_file} does not exist")
+            raise NotFoundError(f"labels file {self.labels_file} does not exist")
         rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
             TAR_SUFFIXES) else read_label_lines(self.labels_file))
         if len(rows) > 1:

@@ -46,7 +46,7 @@ from ..format.targets import is_class_label
 from .outfiles import remove_db, report_path
 from .samples import SampleOptions, prepare_sample
 from .shardwriter import existing_result, ShardWriter
-from ..errors import BadImageError, NoRecordsError
+from ..errors import BadImageError, NoRecordsError, OutputExistsError
 from .options import ShardResult, WriteOptions, WriteReport, write_order
 from .writer import no_records_message
 
@@ -240,7 +240,7 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                        commit_bytes=commit_bytes)
     final = _out_file(out, split)
     if final.exists() and not overwrite and not final.is_file():
-        raise FileExistsError(f"{final} is not a file; choose another output")
+        raise OutputExistsError(f"{final} is not a file; choose another output")
     cls = list(classes) if classes is not None else None
     if cls is None and isinstance(getattr(dataset, "classes", None), (list, tuple)) \
             and all(isinstance(c, str) for c in dataset.classes):

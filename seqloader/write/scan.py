@@ -23,6 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import NotFoundError
+
 __all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", "is_image_file",
            "image_tree_hint", "read_label_lines"]
 
@@ -144,7 +146,7 @@ def scan_class_tree(root: str | Path) -> Scan:
     """Scan ``root/<class>/**/<image>`` (ImageFolder layout)."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+        raise NotFoundError(f"split folder {root} does not exist or is not a folder")
     with os.scandir(root) as it:
         classes = sorted(e.name for e in it if e.is_dir())
     if not classes:
@@ -223,9 +225,9 @@ def scan_labelled_folder(root: str | Path, labels_file: str | Path,
     """
     root, labels_file = Path(root), Path(labels_file)
     if not root.is_dir():
-        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+        raise NotFoundError(f"split folder {root} does not exist or is not a folder")
     if not labels_file.is_file():
-        raise FileNotFoundError(f"labels file {labels_file} does not exist")
+        raise NotFoundError(f"labels file {labels_file} does not exist")
     files = sorted(f for f in os.listdir(root) if is_image_file(f) and (root / f).is_file())
     by_name = {f: f for f in files}
     by_stem: dict[str, str] = {}

@@ -21,7 +21,7 @@ from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum
 from ..format.meta import EXTENT_DTYPE, Meta, file_version, pack_meta
 from ..format.keys import META_KEY, encode_key
 from ..format.records import Record, pack_record
-from ..errors import FormatError
+from ..errors import FormatError, OutputExistsError
 from ..read.pages import PAGE as _PAGE, address, map_base, unmap
 from .prepare import prepare_image
 from ..dataflow.imap import named_errors, process_map
@@ -79,13 +79,13 @@ class ShardWriter:
         except FormatError:
             meta = None
         if meta is not None and meta.fingerprint != self.fingerprint:
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"{self.partial} is an unfinished write of a different command: "
                 f"{what_differs(meta, self.scan, self.opt)}. Re-run that command to finish "
                 "it, or pass --overwrite to discard it and start again")
         if meta is not None and meta.bad_files and self.opt.strict:
             path, why = meta.bad_files[0]
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"{self.partial} is an unfinished write started without --strict that already "
                 f"skipped {len(meta.bad_files)} bad file(s) (e.g. {path}: {why}); re-run with "
                 "--overwrite to start again with --strict, or without --strict to finish it "
@@ -383,15 +383,15 @@ def existing_result(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions
     if meta is None or not meta.complete or meta.fingerprint != fingerprint:
         why = ("different sources, order or options" if meta is None
                else what_differs(meta, scan, opt))
-        raise FileExistsError(f"{final} already exists and was not written by this command "
-                              f"({why}); pass --overwrite to replace it, or choose another "
-                              "output folder")
+        raise OutputExistsError(f"{final} already exists and was not written by this command "
+                                f"({why}); pass --overwrite to replace it, or choose another "
+                                "output folder")
     if opt.strict and meta.bad_files:
-        raise FileExistsError(f"{final} was written without --strict and skipped "
-                              f"{len(meta.bad_files)} bad file(s), listed in "
-                              f"{report_path(final)}; pass --overwrite to write it again with "
-                              "--strict (it stops at the first bad file), or run without "
-                              "--strict to accept it")
+        raise OutputExistsError(f"{final} was written without --strict and skipped "
+                                f"{len(meta.bad_files)} bad file(s), listed in "
+                                f"{report_path(final)}; pass --overwrite to write it again with "
+                                "--strict (it stops at the first bad file), or run without "
+                                "--strict to accept it")
     return ShardResult(final, meta.num_records, meta.image_bytes, meta.bad_files, 0.0, skipped=True,
                        warned_files=meta.warned_files)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .scan import is_image_file
+from ..errors import NotFoundError
 
 __all__ = ["Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
            "TAR_SUFFIXES", "LABEL_EXTS", "open_archive", "tar_at", "tar_members", "read_member",
@@ -114,7 +115,7 @@ class Source:
         self.files = [Path(f) for f in files]
         for f in self.files:
             if not f.exists():
-                raise FileNotFoundError(f"source {f} does not exist")
+                raise NotFoundError(f"source {f} does not exist")
         #: the class list labels index into, when fixed in advance (else: the sorted
         #: class names seen, as ImageFolder sorts its folders)
         self.classes = list(classes) if classes is not None else None

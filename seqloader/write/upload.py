@@ -36,7 +36,7 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import FormatError
+from ..errors import FormatError, NotFoundError, OutputExistsError
 from ..format.files import bad_files_path, db_name, shard_path
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -167,10 +167,10 @@ class Uploader:
         others = sorted(n for n in self._ls() if n not in ours and (m := _SHARD_NAME.match(n))
                         and m["stem"] == stem)
         if others and not opt.overwrite:
-            raise FileExistsError(f"{self.where(others[0])} holds split {split!r} in another "
-                                  f"layout ({len(others)} object(s); this command writes "
-                                  f"{opt.shards}); pass --overwrite to replace them, or choose "
-                                  "another destination")
+            raise OutputExistsError(f"{self.where(others[0])} holds split {split!r} in another "
+                                    f"layout ({len(others)} object(s); this command writes "
+                                    f"{opt.shards}); pass --overwrite to replace them, or choose "
+                                    "another destination")
         for n in others:
             self._rm(n)
             self._rm(bad_files_path(n).name)
@@ -209,14 +209,14 @@ class Uploader:
             why = ("not a complete seqloader file (an interrupted upload by another tool?)"
                    if meta is None or not meta.complete else
                    "different sources, order or options")
-            raise FileExistsError(f"{self.where(shard)} already exists and was not written by "
-                                  f"this command ({why}); pass --overwrite to replace it, or "
-                                  "choose another destination")
+            raise OutputExistsError(f"{self.where(shard)} already exists and was not written by "
+                                    f"this command ({why}); pass --overwrite to replace it, or "
+                                    "choose another destination")
         if opt.strict and meta.bad_files:
-            raise FileExistsError(f"{self.where(shard)} was written without --strict and skipped "
-                                  f"{len(meta.bad_files)} bad file(s), listed in "
-                                  f"{self.where(bad_files_path(shard).name)}; pass --overwrite "
-                                  "to write it again with --strict")
+            raise OutputExistsError(f"{self.where(shard)} was written without --strict and skipped "
+                                    f"{len(meta.bad_files)} bad file(s), listed in "
+                                    f"{self.where(bad_files_path(shard).name)}; pass --overwrite "
+                                    "to write it again with --strict")
         report = bad_files_path(shard).name
         if (meta.bad_files or meta.warned_files) and not self.fs.exists(f"{self.path}/{report}"):
             local = self.staging / shard  # (its report was deleted: put it back from the metadata)
@@ -239,8 +239,8 @@ class Uploader:
                 self.fs.put_file(str(local), target + ".partial", **self._upload_kw)
                 self.fs.mv(target + ".partial", target)
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
-                                    "(does the bucket exist? create it first)") from None
+            raise NotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
+                                "(does the bucket exist? create it first)") from None
 
     def _upload(self, result: ShardResult, progress: bool) -> None:
         """Upload a complete local shard (its report first), check it reads back as

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..format.files import shard_files, shard_path
 from .scan import Scan
-from ..errors import BadImageError, NoRecordsError
+from ..errors import BadImageError, NoRecordsError, OutputExistsError
 from .outfiles import lock_file, partials, remove_db, remove_partial, report_path
 # (the options and reports are re-exported: the writer's public names)
 from .options import ShardResult, WriteOptions, WriteReport, scan_fingerprint, write_order
@@ -85,9 +85,9 @@ def write_split(scan: Scan, out: str | Path, split: str,
     ours = {shard_path(out, k, opt.shards) for k in range(opt.shards)}
     others = sorted(p for p in {out, *shard_files(out)} - ours if p.exists())
     if others and not opt.overwrite:
-        raise FileExistsError(f"{others[0]} holds split {split!r} in another layout "
-                              f"({len(others)} file(s); this command writes {opt.shards}); pass "
-                              "--overwrite to replace them, or choose another output folder")
+        raise OutputExistsError(f"{others[0]} holds split {split!r} in another layout "
+                                f"({len(others)} file(s); this command writes {opt.shards}); pass "
+                                "--overwrite to replace them, or choose another output folder")
     for p in others:
         remove_db(p)
         report_path(p).unlink(missing_ok=True)
@@ -95,10 +95,10 @@ def write_split(scan: Scan, out: str | Path, split: str,
     mine = {p.with_name(p.name + ".partial") for p in ours}
     stale = sorted(p for p in partials(out) if p not in mine)
     if stale and not opt.overwrite:
-        raise FileExistsError(f"{stale[0]} is an unfinished write of split {split!r} in "
-                              f"another layout (this command writes {opt.shards} file(s)); "
-                              "re-run the command that started it to finish it, or pass "
-                              "--overwrite to remove it")
+        raise OutputExistsError(f"{stale[0]} is an unfinished write of split {split!r} in "
+                                f"another layout (this command writes {opt.shards} file(s)); "
+                                "re-run the command that started it to finish it, or pass "
+                                "--overwrite to remove it")
     for p in stale:
         remove_partial(p)
     report = WriteReport(split)

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...errors import NotFoundError
+
 
 class _Sources:
     """What the runs read: a database and/or a scanned class-folder tree."""
@@ -22,8 +24,8 @@ class _Sources:
         remote = is_url(args.path)  # a database at a URL (NOTE [ remote reading ])
         p = args.path if remote else Path(args.path)
         if not remote and not p.exists():
-            raise FileNotFoundError(f"{p} does not exist (expected a seqloader database or a "
-                                    "class-folder tree)")
+            raise NotFoundError(f"{p} does not exist (expected a seqloader database or a "
+                                "class-folder tree)")
         if args.split is None and not remote and not p.is_file():
             args.split = (database_splits(p) or ["train"])[0]  # (info and verify's rule)
         elif args.split is None and remote and not p.endswith(".lmdb"):
