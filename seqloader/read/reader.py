@@ -17,7 +17,8 @@ import numpy as np
 
 from .database import Database, check_identity
 from .buffered import BufferedSource
-from .direct import DirectStream, choose, open_direct
+from . import direct
+from .direct import choose
 from .raw import encoded, unmap_file
 from .shard import RemoteShard, Shard
 from .bytesource import ByteSource, Part
@@ -205,10 +206,10 @@ def open_byte_source(shards: Sequence[Any], *, io: str, total_bytes: int, window
         from .remote import RemoteStream
 
         return RemoteStream(remote, window)
-    if choose(io, total_bytes):
+    if direct.choose(io, total_bytes):
         why = _open_direct(shards)
         if why is None:
-            return DirectStream(window)
+            return direct.DirectStream(window)
         if io == "direct":
             warnings.warn(f"io='direct': {why}; reading through the page cache instead",
                           stacklevel=5)
@@ -223,7 +224,7 @@ def _open_direct(shards: Sequence[Any]) -> str | None:
     for sh in shards:
         if why is not None:
             break
-        sh.fd_direct = open_direct(sh.path)
+        sh.fd_direct = direct.open_direct(sh.path)
         if sh.fd_direct is None:
             why = f"the file system of {sh.path} does not support O_DIRECT"
         elif not os.path.samestat(os.fstat(sh.fd_direct), os.fstat(sh.fd)):
