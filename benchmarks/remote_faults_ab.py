@@ -78,8 +78,9 @@ def main() -> int:
         return {**base_env, "PYTHONPATH": str(tree.resolve())}
 
     def run(tree: Path, cmd: list[str]) -> dict:
+        # (cwd=tree: `python -c`/`-m` put the working folder first on sys.path)
         out = subprocess.run(rr.client(*cmd), env=env_of(tree), capture_output=True, text=True,
-                             timeout=900)
+                             timeout=900, cwd=tree)
         if out.returncode:
             raise RuntimeError(f"{cmd[:4]}: {out.stderr[-2000:]}")
         try:

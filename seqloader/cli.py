@@ -192,7 +192,8 @@ def _describe(path: str, split: str | None, as_json: bool) -> dict:
 
     db = open_database(path, split, require_complete=False, require_records=False)
     info = {
-        "paths": [safe_url(str(p)) for p in db.paths], "split": db.split, "num_records": db.num_records,
+        "paths": [safe_url(str(p)) for p in db.paths], "split": db.split,
+        "num_records": db.num_records,
         "num_classes": len(db.classes), "classes": db.classes,
         "format_version": db.metas[0].version, "complete": all(m.complete for m in db.metas),
         "image_bytes": db.image_bytes, "file_bytes": db.file_bytes,
@@ -257,7 +258,7 @@ def _restart_markers(db: Database) -> str | None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .write.verify import verify_database
+    from .read.verify import verify_database
 
     splits = path_splits(args.path, args.split)
     named = args.split is None and (Path(args.path).is_dir() or splits != [None])

@@ -6,13 +6,15 @@ before the hierarchy existed (``ValueError``, ``RuntimeError``, ``OSError``,
 
     SeqloaderError
       FormatError (ValueError)          IncompleteError, EmptyDatabaseError
+      NotFoundError (FileNotFoundError) a database, split, source or labels file is missing
+      OutputExistsError (FileExistsError)  an output is in the way
       NoRecordsError (ValueError)
       BadImageError (ValueError)
       RemoteError (OSError)             a remote read failed for good; by cause:
         RemoteTimeoutError (TimeoutError)     no answer within the time budget
         RemoteUnreachableError                connection refused / reset / DNS
         RemoteAccessError (PermissionError)   401/403: credentials or permissions
-        RemoteNotFoundError (FileNotFoundError) 404: no such bucket, key or split
+        RemoteNotFoundError (NotFoundError)   404: no such bucket, key or split
         RemoteChangedError                    the file changed since it was opened
         RemoteDataError                       bytes that fail the format's checks
       WorkerError (RuntimeError)        the work of the worker pool failed
@@ -34,10 +36,10 @@ import traceback
 from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
-           "NoRecordsError", "BadImageError", "RemoteError", "RemoteTimeoutError",
-           "RemoteUnreachableError", "RemoteAccessError", "RemoteNotFoundError",
-           "RemoteChangedError", "RemoteDataError", "WorkerError", "RecordError",
-           "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback"]
+           "NotFoundError", "OutputExistsError", "NoRecordsError", "BadImageError", "RemoteError",
+           "RemoteTimeoutError", "RemoteUnreachableError", "RemoteAccessError",
+           "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError", "WorkerError",
+           "RecordError", "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback"]
 
 
 class SeqloaderError(Exception):
@@ -55,6 +57,17 @@ class IncompleteError(FormatError):
 class EmptyDatabaseError(FormatError):
     """A complete database with no records (older writers left one when every source
     image of a split was undecodable); nothing can be read from it."""
+
+
+class NotFoundError(SeqloaderError, FileNotFoundError):
+    """What was named does not exist: a database or one of its splits, a source, a dataset
+    folder, a labels file.  The message names the path and what to give instead."""
+
+
+class OutputExistsError(SeqloaderError, FileExistsError):
+    """An output is in the way: it exists and this command did not write it (or wrote it
+    with other settings, or in another layout).  The message says how to proceed
+    (``--overwrite``, the same command as before, or another output)."""
 
 
 class NoRecordsError(SeqloaderError, ValueError):
@@ -86,7 +99,7 @@ class RemoteAccessError(RemoteError, PermissionError):
     """401/403: the credentials are wrong or lack permission."""
 
 
-class RemoteNotFoundError(RemoteError, FileNotFoundError):
+class RemoteNotFoundError(RemoteError, NotFoundError):
     """404: no such bucket, key or database split."""
 
 

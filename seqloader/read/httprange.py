@@ -42,7 +42,7 @@ _SIGN_SECONDS = 6 * 3600
 
 
 class HTTPStatusError(OSError):
-    """A ranged GET answered with ``status`` (``_classify`` in remote.py sorts it)."""
+    """A ranged GET answered with ``status`` (:func:`~seqloader.read.remotefaults.classify` sorts it)."""
 
     def __init__(self, status: int, reason: str):
         super().__init__(f"HTTP {status} {reason}")

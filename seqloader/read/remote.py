@@ -38,10 +38,11 @@ from .direct import DirectStream
 from .httprange import RangeIgnoredError, direct_url, get_into, interrupt
 from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options, retrying,
                            safe_url)
-from .source import Part
+from .bytesource import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
-           "RemoteStream", "is_url", "safe_url", "with_timeout", "strong_etag"]
+           "RemoteStream", "filesystem", "is_url", "safe_url", "stat_remote", "strong_etag",
+           "with_timeout"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -115,7 +116,7 @@ def with_timeout(options: RemoteOptions | None, timeout: float) -> RemoteOptions
 _FS: dict[tuple, tuple[Any, str]] = {}  # (pid, url, options) -> (filesystem, path)
 
 
-def _filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
+def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path of ``url``, made once per process."""
     key = (os.getpid(), url, repr(sorted(options.storage_options.items())))
     if key not in _FS:
@@ -139,7 +140,7 @@ def _plain(f: "RemoteFile") -> str | None:
     ranged GETs ] in :mod:`seqloader.read.httprange`)."""
     key = (os.getpid(), f.url, repr(sorted(f.options.storage_options.items())))
     if key not in _PLAIN:
-        fs, path = _filesystem(f.url, f.options)
+        fs, path = filesystem(f.url, f.options)
         version = fs.split_path(path)[2] if hasattr(fs, "split_path") else None
         _PLAIN[key] = None if version else direct_url(f.url, fs, path,
                                                       bool(f.options.storage_options))
@@ -215,7 +216,7 @@ class RemoteFile:
 
     def _get(self, start: int, end: int, timeout: float) -> bytes:
         """One GET through fsspec, cancelled after ``timeout`` seconds."""
-        fs, path = _filesystem(self.url, self.options)
+        fs, path = filesystem(self.url, self.options)
         etag = strong_etag(self.etag)
         if not getattr(fs, "async_impl", False):
             return call_with_timeout(fs, "cat_file", path, timeout, start=start, end=end)
@@ -231,7 +232,7 @@ class RemoteFile:
     def check_unchanged(self) -> None:
         """Compare the file's size and ETag now with those at opening (one HEAD; weak
         ETags compared weakly: RFC 9110 allows that for this use)."""
-        current = _stat(self.url, self.options)
+        current = stat_remote(self.url, self.options)
         if current.size != self.size or (self.etag and current.etag and current.etag != self.etag):
             raise self._changed(0, self.size)
 
@@ -266,9 +267,9 @@ class RemoteSource:
     options: RemoteOptions
 
 
-def _stat(url: str, options: RemoteOptions) -> RemoteFile:
+def stat_remote(url: str, options: RemoteOptions) -> RemoteFile:
     """The file at ``url`` as it is now (one HEAD under NOTE [ remote time budget ])."""
-    fs, path = _filesystem(url, options)
+    fs, path = filesystem(url, options)
 
     def head(timeout: float) -> dict:
         fs.invalidate_cache(path)  # (fsspec may answer from a listing it cached earlier)
@@ -292,7 +293,7 @@ class RemoteStream(DirectStream):
     in flight, ``window`` bytes at most held (NOTE [ remote reading ]); through the
     block cache when ``options.cache_dir`` is set.  The first block that fails stops
     the others' retries (NOTE [ remote time budget ]).  The ``remote``
-    :class:`~seqloader.read.source.ByteSource`."""
+    :class:`~seqloader.read.bytesource.ByteSource`."""
 
     name = "remote"
 
@@ -369,6 +370,6 @@ class RemoteStream(DirectStream):
 
 
 def _if_match_capable(f: RemoteFile) -> bool:
-    fs, _ = _filesystem(f.url, f.options)
+    fs, _ = filesystem(f.url, f.options)
     return f.etag is not None and (hasattr(fs, "_call_s3") or "http" in _protocols(fs))
 

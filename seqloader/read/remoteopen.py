@@ -28,11 +28,12 @@ import dataclasses
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import FormatError, RemoteAccessError, RemoteError, RemoteNotFoundError
+from ..errors import (FormatError, NotFoundError, RemoteAccessError, RemoteError,
+                      RemoteNotFoundError)
 from ..format.files import db_name
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
-from .remote import RemoteFile, RemoteOptions, RemoteSource, _filesystem, _stat, safe_url
+from .remote import RemoteFile, RemoteOptions, RemoteSource, filesystem, safe_url, stat_remote
 from .remotefaults import call_with_timeout, retrying
 
 __all__ = ["locate_remote", "open_remote", "remote_splits"]
@@ -47,7 +48,7 @@ def _exists(url: str, options: RemoteOptions) -> bool:
     """Whether the file at ``url`` exists: only a 404 says no; any other failure (403,
     timeout, refused) is raised as the :class:`RemoteError` naming it."""
     try:
-        _stat(url, options)
+        stat_remote(url, options)
         return True
     except RemoteNotFoundError:
         return False
@@ -59,7 +60,7 @@ def _listing(folder: str, options: RemoteOptions) -> dict[str, RemoteFile | None
     404 on the listing itself: a key without ListBucket permission, an HTTP server that
     does not list; the HEADs that follow name a real problem).  Timeouts and other
     failures are raised (NOTE [ remote time budget ])."""
-    fs, path = _filesystem(folder, options)
+    fs, path = filesystem(folder, options)
 
     def ls(timeout: float) -> list:
         fs.invalidate_cache(path)  # (a listing cached by fsspec may predate a rewrite)
@@ -107,9 +108,9 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
         return _located(urls, _listing(base, options) if n > 1 else None)
     if split is None:
         found = remote_splits(url, options)
-        raise FileNotFoundError(f"{safe_url(url)} is a folder; name the split too "
-                                f"({', '.join(map(repr, found)) or 'e.g. train'}), "
-                                "or pass the .lmdb file's URL")
+        raise NotFoundError(f"{safe_url(url)} is a folder; name the split too "
+                            f"({', '.join(map(repr, found)) or 'e.g. train'}), "
+                            "or pass the .lmdb file's URL")
     folder = url.rstrip("/")
     single = f"{db_name(split)}.lmdb"
     listed = _listing(folder, options)
@@ -178,7 +179,7 @@ def open_remote(url: str, split: str | None, options: RemoteOptions, *,
     urls, known = locate_remote(url, split, options)
     with ThreadPoolExecutor(min(_THREADS, 2 * len(urls)),
                             thread_name_prefix="seqloader-open") as pool:
-        files = list(pool.map(lambda u: known.get(u) or _stat(u, options), urls))
+        files = list(pool.map(lambda u: known.get(u) or stat_remote(u, options), urls))
         ranges = [_Ranges(f) for f in files]
         for job in [pool.submit(r.fetch, a, b) for r in ranges for a, b in r.ahead()]:
             job.result()
