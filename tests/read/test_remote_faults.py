@@ -225,9 +225,12 @@ def test_except_remote_error_catches_with_any_workers(moto, s3_url, proxy_factor
     loader = Loader(s3_url, "train", _mean_color, batch_size=4, num_workers=workers,
                     remote=_fast(moto.storage_options(proxy.url), block=16 << 10))
     allowed[0] = proxy.count + 1  # (record 0, read in this process for the batch shape)
-    with pytest.raises(RemoteAccessError) as err:
-        for _ in loader:
-            pass
+    try:
+        with pytest.raises(RemoteAccessError) as err:
+            for _ in loader:
+                pass
+    finally:
+        loader.close()  # (no workers left for later tests)
     assert not isinstance(err.value, WorkerError)
     if workers:
         assert "Traceback" in err.value.reader_traceback
