@@ -121,11 +121,11 @@ from seqloader import Loader, RemoteError
 def mean_color(img, rng=None):  # (a transform: batches are decoded by the worker pool)
     return np.asarray(img, np.float32).mean(axis=(0, 1))
 from seqloader.read.remote import RemoteOptions
-url, endpoint, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+url, endpoint, workers, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 opts = RemoteOptions(storage_options={"client_kwargs": {"endpoint_url": endpoint}},
                      timeout=1.0, connect_timeout=1.0, deadline=3.0, block=16 << 10, depth=4)
 loader = Loader(url, "train", mean_color, batch_size=4, num_workers=workers, remote=opts,
-                prefetch_bytes=64 << 10)
+                prefetch_bytes=64 << 10, timeout=timeout)
 print("opened", flush=True)
 sys.stdin.readline()
 t0 = time.monotonic()
@@ -141,14 +141,18 @@ print(json.dumps(out), flush=True)
 
 
 @pytest.mark.needs("s3fs", "moto")
-@pytest.mark.parametrize("workers", [0, 2])
-def test_silent_server_mid_epoch_same_error_and_prompt_exit(moto, s3_url, proxy_factory, workers):
+@pytest.mark.parametrize("workers,timeout", [(0, 0), (2, 0), (2, 2.0)])
+def test_silent_server_mid_epoch_same_error_and_prompt_exit(moto, s3_url, proxy_factory, workers,
+                                                            timeout):
     """The server goes silent after opening: with 0 and 2 workers the Loader raises the
     same RemoteTimeoutError (caught by ``except RemoteError``) within the budget, and
-    the process exits promptly after it (no retries left running)."""
+    the process exits promptly after it (no retries left running).  With the Loader's
+    own ``timeout`` (2 s, below the 3 s deadline) the remote error still names the
+    server, not a worker that was given nothing to do."""
     allowed = [1 << 30]  # (as below: record 0 still answered)
     proxy = proxy_factory(moto.port, lambda n, line: "hang" if n >= allowed[0] else None)
-    proc = subprocess.Popen([sys.executable, "-c", _MID_EPOCH, s3_url, proxy.url, str(workers)],
+    proc = subprocess.Popen([sys.executable, "-c", _MID_EPOCH, s3_url, proxy.url, str(workers),
+                             str(timeout)],
                             env=_env(moto), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
