@@ -28,6 +28,8 @@ from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check
                         plan_epoch)
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
+from .dataflow.gpudecode import DecodeStats, GPUDecoder
+from .dataflow.gpugather import GPUOptions
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow import targets as _targets  # HOOK [ any targets ]
@@ -58,6 +60,30 @@ def _dist_rank_world() -> tuple[int, int]:
                          "before creating the Loader, or pass rank= and world_size= explicitly "
                          "(world_size=1 to read everything in each process on purpose)")
     return 0, 1
+
+
+def _gpu_options(decode: Any, transform: Any, output: str, device: Any) -> GPUOptions | None:
+    """The GPUOptions ``decode`` asks for (None: decode on the CPU), checked."""
+    if isinstance(decode, GPUOptions):
+        options = decode
+    elif decode == "gpu":
+        options = GPUOptions()
+    elif decode == "cpu":
+        return None
+    else:
+        raise ValueError(f"decode must be 'cpu', 'gpu' or a GPUOptions, got {decode!r}")
+    if transform is None:
+        raise ValueError("decode='gpu' decodes for a transform: give the recipe (e.g. "
+                         "RandomResizedCrop + flip + ToTensor + Normalize); transform=None "
+                         "yields encoded bytes, which decode nowhere")
+    if device is None:
+        raise ValueError("decode='gpu' needs device= (e.g. device='cuda'; device='cpu' runs "
+                         "the same path on CPU tensors, for tests)")
+    if output != "float":
+        raise ValueError(f"decode='gpu' with output={output!r}: the batch is rendered on the "
+                         "device, so output= does not apply; choose its dtype with "
+                         "decode=GPUOptions(dtype=torch.bfloat16)")
+    return options
 
 
 class Loader(TrainerFacing, Resumable):
@@ -113,7 +139,8 @@ class Loader(TrainerFacing, Resumable):
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
-                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None):
+                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
+                 decode: "str | GPUOptions" = "cpu"):
         for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
                                    ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
                                    ("prefetch_bytes", prefetch_bytes, 1)):
@@ -128,6 +155,7 @@ class Loader(TrainerFacing, Resumable):
         choose_io(io, 0)  # (validates io now, not in the first iteration)
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
+        self.gpu = _gpu_options(decode, transform, output, device)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
@@ -164,6 +192,7 @@ class Loader(TrainerFacing, Resumable):
         # and a strong reference back would keep a dropped loader (and its workers)
         # alive until the cyclic GC runs
         self._active: weakref.ref | None = None
+        self._gpu_decoder: GPUDecoder | None = None
 
     # -------------------------------------------------------------- set-up
     @property
@@ -188,11 +217,17 @@ class Loader(TrainerFacing, Resumable):
             df = MultiProcessMapAndBatchData(
                 df, self.num_workers, self.transform, target_transform=self.target_transform,
                 output=self.output, prefetch=self.prefetch, timeout=self.timeout,
-                start_method=self.start_method, read_ahead=self.persistent_workers)
+                start_method=self.start_method, read_ahead=self.persistent_workers,
+                gpu=self.gpu)
             assert df.source.plan_spec == self.plan_spec, (df.source.plan_spec, self.plan_spec)
             df.spec  # (a failing transform or output setting raises here, before any I/O)
             df.reset_state()
             self._engine = df
+            if self.gpu is not None:  # (one per pipeline: its recipe and stream)
+                stats = self._gpu_decoder.stats if self._gpu_decoder is not None else None
+                self._gpu_decoder = GPUDecoder(df.spec, self.device, pin_memory=self.pin_memory,
+                                               db=self.db)
+                self._gpu_decoder.stats = stats or self._gpu_decoder.stats
         return self._engine
 
     @property
@@ -212,6 +247,15 @@ class Loader(TrainerFacing, Resumable):
     def _feeder(self) -> LMDBData | None:
         """The pipeline's reader stage (``.reader``: its RangeReader), or None."""
         return None if self._engine is None else self._engine.source
+
+    @property
+    def decode_stats(self) -> DecodeStats | None:
+        """With ``decode="gpu"``: images decoded on the device and those the workers
+        rendered instead, by reason (:class:`~seqloader.dataflow.gpudecode.DecodeStats`);
+        None otherwise."""
+        if self.gpu is None:
+            return None
+        return self._gpu_decoder.stats if self._gpu_decoder is not None else DecodeStats()
 
     @property
     def _device_normalize(self) -> Any:
@@ -284,14 +328,7 @@ class Loader(TrainerFacing, Resumable):
         engine = self._pipeline()
         spec = engine.spec
         try:
-            for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
-                # HOOK [ any targets ]: unpacked from the buffer, collated after the images
-                targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
-                batch = self._materialize(spec, labels if targets is None else labels[:0].view(
-                    np.int64), samples, raw, slot)
-                batch = _targets.collate_batch(batch, targets, self.collate_fn, self.device,
-                                               self.pin_memory)
-                del labels, samples
+            for j, batch in self._batches(engine, spec, epoch, first):
                 if not started:
                     self._start(epoch, first, started)
                 self._position = j + 1
@@ -303,6 +340,22 @@ class Loader(TrainerFacing, Resumable):
             self._active = None
             if not self.persistent_workers:
                 self._stop_workers()
+
+    def _batches(self, engine: MultiProcessMapAndBatchData, spec: BatchSpec, epoch: int,
+                 first: int) -> Iterator[tuple[int, Any]]:
+        """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
+        if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
+            yield from self._gpu_decoder.batches(engine.run(epoch, first))
+            return
+        for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
+            # HOOK [ any targets ]: unpacked from the buffer, collated after the images
+            targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
+            batch = self._materialize(spec, labels if targets is None else labels[:0].view(
+                np.int64), samples, raw, slot)
+            batch = _targets.collate_batch(batch, targets, self.collate_fn, self.device,
+                                           self.pin_memory)
+            del labels, samples
+            yield j, batch
 
     def _materialize(self, spec: BatchSpec, labels_v: np.ndarray, images_v: np.ndarray,
                      raw: list[bytes] | None, slot: int | None):
