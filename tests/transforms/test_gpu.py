@@ -45,7 +45,7 @@ def test_tensor_recipe_is_near_the_fused_full_scale_path(recipe):
         cpu, gpu = _render(recipe, _photo(120 + 17 * seed, 160 - 9 * seed, seed), seed)
         assert cpu.shape == gpu.shape
         d = (cpu - gpu).abs()
-        assert d.mean() < 1.0 and d.max() <= 12, (seed, d.mean(), d.max())
+        assert d.mean() < 1.0 and d.max() <= 8, (seed, d.mean(), d.max())
         if isinstance(recipe.transforms[0], Resize) and recipe.transforms[0].size == [40]:
             assert (gpu[:, :, :8] == 0).all() and (cpu[:, :, :8] == 0).all()
 
