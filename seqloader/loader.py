@@ -345,6 +345,7 @@ class Loader(TrainerFacing, Resumable):
                  first: int) -> Iterator[tuple[int, Any]]:
         """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
         if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
+            engine.start()  # (in this thread, which outlives the decode thread)
             yield from self._gpu_decoder.batches(engine.run(epoch, first))
             return
         for j, n, (labels, samples), raw, slot in engine.run(epoch, first):

@@ -3,22 +3,36 @@ batch on the device and render it with the recipe's tensor operations, one batch
 of the caller.
 
 NOTE [ GPU stream ]
-Batch ``j + 1`` is decoded and rendered, on a side stream, inside the ``next()`` that
-hands out batch ``j``: the training step the caller queued for batch ``j - 1`` runs on
-the GPU meanwhile.  torchvision's nvJPEG call returns once its own stream has decoded
-the batch (it synchronises that stream, not the device), so the batch buffer is free
-when it returns; the rendering kernels are only queued.  The batch handed out carries
-an event: the caller's current stream waits on it (no host synchronisation) and the
-tensors are ``record_stream``-ed to that stream, so the caching allocator does not
-reuse them early.  At most two rendered batches exist at a time, plus one batch's
-decoded images: bounded device memory.  With ``pin_memory`` the labels are pinned
-before their (non-blocking) copy, as with ``decode="cpu"``; the images are decoded on
-the device, from the shared-memory buffer nvJPEG stages itself.
+Two threads of the main process share the work, so that the nvJPEG decode of one
+batch overlaps the rendering of the one before.  A decode thread iterates the workers'
+gathered batches and decodes each, batched (torchvision's call returns once its own
+stream has decoded the batch: it synchronises that stream, not the device, and
+releases the GIL meanwhile), then hands the decoded images on through a queue of one
+and releases the batch buffer.  The caller's thread renders them (crop, resize,
+flip, normalise: kernels only queued) on a side stream, inside the ``next()`` that
+hands out the batch before: the training step the caller queued for that one runs on
+the GPU meanwhile.  The batch handed out carries an event: the caller's current
+stream waits on it (no host synchronisation) and the tensors are ``record_stream``-ed
+to that stream, so the caching allocator does not reuse them early.  Bounded device
+memory: two rendered batches and up to three batches of decoded images at a time.
+With ``pin_memory`` the labels are pinned before their (non-blocking) copy, as with
+``decode="cpu"``; the images are decoded from the shared-memory buffer, which nvJPEG
+stages through its own pinned buffers.  Every wait polls with a timeout; a failure
+in the decode thread (a worker's error, a record that does not decode) is raised in
+the caller; ending the iteration stops and joins the thread, which closes the
+workers' epoch before anything else may touch the pool.  The workers are started by
+the caller's thread beforehand (``MultiProcessMapAndBatchData.start``): a worker dies
+with the thread that forked it (``PR_SET_PDEATHSIG``), and the decode thread ends with
+every iteration.
 """
 from __future__ import annotations
 
 import bisect
 import contextlib
+import queue
+import threading
+import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -62,15 +76,20 @@ class GPUDecoder:
 
     def batches(self, items: Iterator[tuple]) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         """``(j, (images, labels))`` for each ``(j, n, (labels, samples), whole, slot)`` of
-        ``items``, the next batch decoded before this one is handed out."""
-        pending = None
-        for j, n, (labels, samples), whole, _ in items:
-            ready = (j, self._prepare(n, labels, samples, whole))
+        ``items`` (NOTE [ GPU stream ])."""
+        thread = _DecodeThread(items, self._decoded, self.stream)
+        thread.start()
+        try:
+            pending = None
+            for got in thread.results():
+                ready = (got[0], self._render(*got[1:]))
+                if pending is not None:
+                    yield self._handed(pending)
+                pending = ready
             if pending is not None:
                 yield self._handed(pending)
-            pending = ready
-        if pending is not None:
-            yield self._handed(pending)
+        finally:
+            thread.close()
 
     def _handed(self, item: tuple) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
         j, (images, labels, event) = item
@@ -81,36 +100,48 @@ class GPUDecoder:
             labels.record_stream(current)
         return j, (images, labels)
 
-    def _prepare(self, n: int, labels_v: np.ndarray, samples: np.ndarray,
-                 whole: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _decoded(self, item: tuple) -> tuple:
+        """In the decode thread: a gathered batch decoded, and everything the rendering
+        needs copied out of its buffer (which is released after this)."""
+        j, n, (labels_v, samples), whole, _ = item
         rows = params_view(samples[:n]).copy()
         kinds = rows[:, C["kind"]].astype(np.int64)
         gpu = np.flatnonzero(kinds == ON_GPU)
         cpu = np.flatnonzero(kinds != ON_GPU)
         data = [torch.from_numpy(whole[int(o):int(o) + int(ln)])
                 for o, ln in rows[gpu][:, [C["offset"], C["length"]]]]
-        labels = torch.from_numpy(labels_v[:n].copy())
+        decoded = self._decode(data, rows[gpu])
+        del data
+        pixels = (torch.from_numpy(pixels_view(samples[:n], self.recipe.out_hw)[cpu])  # (a copy)
+                  if cpu.size else None)
+        return j, n, rows, gpu, cpu, decoded, pixels, labels_v[:n].copy()
+
+    def _render(self, n: int, rows: np.ndarray, gpu: np.ndarray, cpu: np.ndarray,
+                decoded: list[torch.Tensor], pixels: torch.Tensor | None,
+                labels_np: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        labels = torch.from_numpy(labels_np)
         if self.pin_memory:
             labels = labels.pin_memory()
         ctx = (torch.cuda.stream(self.stream) if self.stream is not None
                else contextlib.nullcontext())
         with ctx:
-            decoded = self._decode(data, rows[gpu])
-            oh, ow = self.recipe.out_hw
-            out = torch.zeros((n, 3, oh, ow), dtype=torch.float32, device=self.device)
             boxes = rows[gpu][:, [C["y0"], C["x0"], C["y1"], C["x1"], C["rh"], C["rw"]]]
-            self.recipe.render(decoded, boxes, out, gpu.tolist())
+            out = self.recipe.render(decoded, boxes).to(self.device)
             del decoded
             if cpu.size:  # rendered by the workers, flipped already (NOTE [ GPU batches ])
-                pix = torch.from_numpy(pixels_view(samples[:n], (oh, ow))[cpu])
-                out[torch.from_numpy(cpu).to(self.device)] = (
-                    pix.to(self.device).permute(0, 3, 1, 2).float())
-            flip = gpu[rows[gpu, C["flip"]] != 0]
+                mixed = torch.zeros((n, *out.shape[1:]), dtype=out.dtype, device=self.device)
+                mixed[torch.from_numpy(gpu).to(self.device)] = out
+                mixed[torch.from_numpy(cpu).to(self.device)] = (
+                    pixels.to(self.device).permute(0, 3, 1, 2).float())
+                out = mixed
+                flip = gpu[rows[gpu, C["flip"]] != 0]
+            else:
+                flip = np.flatnonzero(rows[:, C["flip"]] != 0)
             images = self.recipe.finish(out, torch.from_numpy(flip).to(self.device)
                                         if flip.size else None)
             labels = labels.to(self.device, non_blocking=self.pin_memory)
             event = self.stream.record_event() if self.stream is not None else None
-        self._count(n, kinds)
+        self._count(n, rows[:, C["kind"]].astype(np.int64))
         return images, labels, event
 
     def _decode(self, data: list[torch.Tensor], rows: np.ndarray) -> list[torch.Tensor]:
@@ -165,3 +196,73 @@ def _record_path(db: Any, index: int) -> Any:
             close_env(env)
     except Exception:
         return None
+
+
+class _DecodeThread(threading.Thread):
+    """Iterates ``items`` and puts ``work(item)`` for each into a queue of one (NOTE
+    [ GPU stream ]); the generator is iterated, and closed, in this thread only."""
+
+    POLL = 0.1
+
+    def __init__(self, items: Iterator[tuple], work: Any, stream: Any):
+        super().__init__(name="seqloader-gpu-decode", daemon=True)
+        self.items, self.work, self.stream = items, work, stream
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+
+    def _put(self, msg: tuple) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(msg, timeout=self.POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        if self.stream is not None:
+            torch.cuda.set_stream(self.stream)  # (this thread's current stream)
+        try:
+            for item in self.items:
+                got = self.work(item)
+                del item
+                if not self._put(("batch", got)):
+                    return
+            self._put(("end",))
+        except BaseException as e:  # raised in the caller's thread
+            self._put(("error", e))
+        finally:
+            close = getattr(self.items, "close", None)
+            if close is not None:
+                close()
+
+    def results(self) -> Iterator[tuple]:
+        """What the thread decoded, in order; its error raised here."""
+        while True:
+            try:
+                msg = self.queue.get(timeout=self.POLL)
+            except queue.Empty:
+                if not self.is_alive() and self.queue.empty():
+                    raise RuntimeError("the GPU decode thread ended without a word") from None
+                continue
+            if msg[0] == "end":
+                return
+            if msg[0] == "error":
+                raise msg[1]
+            yield msg[1]
+
+    def close(self, timeout: float = 60) -> None:
+        """Stop and join the thread (it closes the workers' epoch on its way out); warn
+        if it is still waiting for a worker after ``timeout`` s (the Loader's ``timeout``
+        bounds that wait)."""
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and time.monotonic() < deadline:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                pass
+            self.join(self.POLL)
+        if self.is_alive():
+            warnings.warn(f"the GPU decode thread did not stop within {timeout:.0f} s (a worker "
+                          "stuck in its batch? set the Loader's timeout=)", stacklevel=2)

@@ -138,6 +138,18 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def plan(self, epoch: int) -> EpochPlan:
         return self.df.plan(epoch)
 
+    def start(self) -> None:
+        """Start the workers now, in this thread (else the first :meth:`run` does).  A
+        caller that iterates :meth:`run` in another thread must: workers get SIGKILL
+        when the *thread* that started them ends (``PR_SET_PDEATHSIG``)."""
+        if self.in_process:
+            return
+        if self.pool is None:
+            from .pool import WorkerPool
+            self.pool = WorkerPool(self.spec, self.num_workers, prefetch=self.prefetch,
+                                   start_method=self.start_method, timeout=self.timeout)
+        self.pool.start()
+
     def run(self, epoch: int, first: int = 0
             ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray], list | None, int | None]]:
         """Yield ``(j, n, (labels, samples) views, raw, slot)`` for batches ``j >= first``
@@ -149,10 +161,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         if self.in_process:
             yield from self._in_process(spec, plan, first)
             return
-        if self.pool is None:
-            from .pool import WorkerPool
-            self.pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
-                                   start_method=self.start_method, timeout=self.timeout)
+        self.start()
         # the workers go on into the next epoch (the one that follows unless the next
         # run asks for another; then that work is cancelled)
         ahead = self.plan(epoch + 1) if self.read_ahead else None

@@ -82,23 +82,30 @@ class TensorRecipe:
             kw["align_corners"] = False
         return F.interpolate(img.unsqueeze(0).float(), size=size, mode=self.mode, **kw)[0]
 
-    def render(self, images: Sequence[torch.Tensor], boxes: np.ndarray, out: torch.Tensor,
-               rows: Sequence[int]) -> None:
-        """Write sample ``rows[k]`` of ``out`` (``[n, 3, H, W]`` float32, zeros where a
-        sample is padded) from ``images[k]`` (``[3, h, w]`` uint8) and its box row
-        ``boxes[k]``: ``(y0, x0, y1, x1, rh, rw)`` in source pixels -- RandomResizedCrop's
-        whole-pixel box, resized to the output, or, for Resize + CenterCrop, the size
-        ``(rh, rw)`` the whole image is resized to before the centre crop."""
+    def render(self, images: Sequence[torch.Tensor], boxes: np.ndarray) -> torch.Tensor:
+        """The samples of ``images`` (``[3, h, w]`` uint8 each) as one ``[k, 3, H, W]``
+        float32 batch of grey levels (zeros where a sample is padded), from their box
+        rows ``boxes[k]``: ``(y0, x0, y1, x1, rh, rw)`` in source pixels --
+        RandomResizedCrop's whole-pixel box, resized to the output, or, for Resize +
+        CenterCrop, the size ``(rh, rw)`` the whole image is resized to before the centre
+        crop.  Two kernels per sample (to float, resize) and one to stack them."""
         oh, ow = self.out_hw
-        for img, b, r in zip(images, boxes, rows):
+        parts = []
+        for img, b in zip(images, boxes):
             if self.resize_first:
                 rh, rw = int(b[4]), int(b[5])
                 ry0, ry1, oy0, oy1 = crop_span(rh, oh)
                 rx0, rx1, ox0, ox1 = crop_span(rw, ow)
-                out[r, :, oy0:oy1, ox0:ox1] = self._resize(img, (rh, rw))[:, ry0:ry1, rx0:rx1]
+                r = self._resize(img, (rh, rw))[:, ry0:ry1, rx0:rx1]
+                if (oy0, ox0, oy1, ox1) != (0, 0, oh, ow):  # CenterCrop larger than the image
+                    r = F.pad(r, (ox0, ow - ox1, oy0, oh - oy1))
             else:
                 y0, x0, y1, x1 = (int(v) for v in b[:4])
-                out[r] = self._resize(img[:, y0:y1, x0:x1], (oh, ow))
+                r = self._resize(img[:, y0:y1, x0:x1], (oh, ow))
+            parts.append(r)
+        if not parts:
+            return torch.zeros((0, 3, oh, ow))
+        return torch.stack(parts)
 
     def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = str(device)

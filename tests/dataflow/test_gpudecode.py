@@ -243,7 +243,7 @@ def test_a_failing_record_is_named(lmdb_dir):
         whole[o + 2:o + ln] = 0  # the header survives the gathering, not the decoder
         idx = int(rows[k, C["index"]])
         with pytest.raises(RecordError, match=rf"record {idx} \(.*\.JPEG\)") as e:
-            dec._prepare(n, labels, samples, whole)
+            dec._decoded((0, n, (labels, samples), whole, None))
         assert e.value.index == idx
     finally:
         eng.close()
@@ -264,3 +264,39 @@ def test_bad_settings_are_refused(lmdb_dir):
     box = Compose([RandomResizedCrop(64, interpolation="box"), ToTensor()])
     with pytest.raises(ValueError, match="'box'"):
         next(iter(Loader(lmdb_dir, "train", box, decode="gpu", device="cpu", num_workers=0)))
+
+
+def _decode_threads():
+    import threading
+    return [t for t in threading.enumerate() if t.name == "seqloader-gpu-decode"]
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_breaking_off_stops_the_decode_thread_and_the_next_epoch_is_whole(lmdb_dir, persistent):
+    ld = Loader(lmdb_dir, "train", TRAIN, batch_size=6, shuffle=True, num_workers=2,
+                decode="gpu", device="cpu", persistent_workers=persistent)
+    for _ in ld:
+        break
+    assert not _decode_threads()
+    assert sum(len(y) for _, y in ld) == sum(len(y) for _, y in Loader(
+        lmdb_dir, "train", TRAIN, batch_size=6, shuffle=True, num_workers=2))
+    ld.close()
+    assert not _decode_threads()
+
+
+def test_a_killed_worker_is_reported(lmdb_dir):
+    import os
+    import signal
+
+    from seqloader import WorkerDiedError
+
+    ld = Loader(lmdb_dir, "train", TRAIN, batch_size=4, shuffle=True, num_workers=2,
+                decode="gpu", device="cpu")
+    it = iter(ld)
+    next(it)
+    os.kill(ld._pool.pids[0], signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match="SIGKILL"):
+        for _ in it:
+            pass
+    assert not _decode_threads()
+    assert len(list(ld)) == len(ld)  # (a new pool)

@@ -26,8 +26,7 @@ def _render(recipe_t, data, seed):
     img, = decode_jpegs([torch.frombuffer(bytearray(data), dtype=torch.uint8)], torch.device("cpu"))
     w = p.window
     rh, rw = p.resized if p.resized is not None else (0, 0)
-    batch = torch.zeros((1, 3, *fused.out_hw))
-    rec.render([img], np.array([[w.y0, w.x0, w.y1, w.x1, rh, rw]]), batch, [0])
+    batch = rec.render([img], np.array([[w.y0, w.x0, w.y1, w.x1, rh, rw]]))
     got = rec.finish(batch, torch.tensor([0]) if p.flip else None)[0].permute(2, 0, 1)
     return torch.from_numpy(out).permute(2, 0, 1).float(), got.float()
 
