@@ -118,6 +118,7 @@ def child_loader(a: argparse.Namespace) -> dict:
            "seconds": wall, "images_per_s": images / wall, "main_cpu_s": main,
            "workers_cpu_s": workers, "cores_busy": (main + workers) / wall,
            "main_share": main / max(1e-9, main + workers),
+           "main_us_per_image": 1e6 * main / max(1, images),
            "images_per_worker_cpu_s": images / workers if workers > 0 else None}
     if a.decode == "gpu":
         st = ld.decode_stats
@@ -283,18 +284,19 @@ def _markdown(res: dict) -> str:
     lines = [f"# gpu_node: {res['machine']['device']}, {res['machine']['cores']} cores", "",
              f"`{res['command']}` at commit {res['commit']}", ""]
     if p.get("cpu"):
-        lines += ["## Fused CPU path (train recipe 224 px, batch 256)", "",
-                  "| workers | images/s | vs W x 1-worker | img per worker CPU-s | main share | cores busy |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        a = res["args"]
+        lines += [f"## Fused CPU path (train recipe {a['size']} px, batch {a['batch_size']})", "",
+                  "| workers | images/s | vs W x 1-worker | img per worker CPU-s | main share | "
+                  "main us/img | cores busy |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in p["cpu"]:
             if "error" in r:
-                lines.append(f"| {r.get('workers', '?')} | error | | | | |")
+                lines.append(f"| {r.get('workers', '?')} | error | | | | | |")
                 continue
             eff = r.get("efficiency")
             lines.append(f"| {r['workers']} | {r['images_per_s']:.0f} | "
                          f"{'' if eff is None else f'{eff:.0%}'} | "
                          f"{r['images_per_worker_cpu_s'] or 0:.0f} | {r['main_share']:.0%} | "
-                         f"{r['cores_busy']:.1f} |")
+                         f"{r['main_us_per_image']:.0f} | {r['cores_busy']:.1f} |")
         lines.append("")
     if p.get("gpu"):
         lines += ["## decode='gpu'", "", "| recipe | workers | images/s | cores busy | fallbacks | peak MiB |",
@@ -385,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip()
     res = {"command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-           "commit": commit, "machine": _machine(a.device), "parts": {}}
+           "commit": commit, "machine": _machine(a.device), "parts": {},
+           "args": {k: v for k, v in vars(a).items() if not k.startswith("child")}}
     parts = a.parts.split(",")
     per_run = a.seconds + 45  # start-up, warm-up, shutdown
     if "build" in parts:
