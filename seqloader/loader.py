@@ -225,8 +225,7 @@ class Loader(TrainerFacing, Resumable):
             self._engine = df
             if self.gpu is not None:  # (one per pipeline: its recipe and stream)
                 stats = self._gpu_decoder.stats if self._gpu_decoder is not None else None
-                self._gpu_decoder = GPUDecoder(df.spec, self.device, pin_memory=self.pin_memory,
-                                               db=self.db)
+                self._gpu_decoder = GPUDecoder(df.spec, self.device, db=self.db)
                 self._gpu_decoder.stats = stats or self._gpu_decoder.stats
         return self._engine
 

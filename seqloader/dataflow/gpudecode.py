@@ -15,9 +15,10 @@ the GPU meanwhile.  The batch handed out carries an event: the caller's current
 stream waits on it (no host synchronisation) and the tensors are ``record_stream``-ed
 to that stream, so the caching allocator does not reuse them early.  Bounded device
 memory: two rendered batches and up to three batches of decoded images at a time.
-With ``pin_memory`` the labels are pinned before their (non-blocking) copy, as with
-``decode="cpu"``; the images are decoded from the shared-memory buffer, which nvJPEG
-stages through its own pinned buffers.  Every wait polls with a timeout; a failure
+Labels, indices and fallback samples go to the device through pinned memory
+(non-blocking), whatever ``pin_memory`` says -- a batch on the device is what
+``pin_memory`` exists for; the images are decoded from the shared-memory buffer,
+which nvJPEG stages through its own pinned buffers.  Every wait polls with a timeout; a failure
 in the decode thread (a worker's error, a record that does not decode) is raised in
 the caller; ending the iteration stops and joins the thread, which closes the
 workers' epoch before anything else may touch the pool.  The workers are started by
@@ -66,10 +67,9 @@ class GPUDecoder:
     """Turns gathered batches (``MultiProcessMapAndBatchData.run`` in mode "gpu") into
     ``(images, labels)`` on ``device`` (NOTE [ GPU stream ])."""
 
-    def __init__(self, spec: BatchSpec, device: torch.device, *, pin_memory: bool = False,
-                 db: Any = None):
+    def __init__(self, spec: BatchSpec, device: torch.device, *, db: Any = None):
         opts = spec.gpu
-        self.spec, self.device, self.pin_memory, self.db = spec, device, pin_memory, db
+        self.spec, self.device, self.db = spec, device, db
         self.recipe = TensorRecipe(spec.fused, dtype=opts.dtype, channels_last=opts.channels_last)
         self.stats = DecodeStats()
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -120,8 +120,6 @@ class GPUDecoder:
                 decoded: list[torch.Tensor], pixels: torch.Tensor | None,
                 labels_np: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, Any]:
         labels = torch.from_numpy(labels_np)
-        if self.pin_memory:
-            labels = labels.pin_memory()
         ctx = (torch.cuda.stream(self.stream) if self.stream is not None
                else contextlib.nullcontext())
         with ctx:
@@ -130,19 +128,26 @@ class GPUDecoder:
             del decoded
             if cpu.size:  # rendered by the workers, flipped already (NOTE [ GPU batches ])
                 mixed = torch.zeros((n, *out.shape[1:]), dtype=out.dtype, device=self.device)
-                mixed[torch.from_numpy(gpu).to(self.device)] = out
-                mixed[torch.from_numpy(cpu).to(self.device)] = (
-                    pixels.to(self.device).permute(0, 3, 1, 2).float())
+                mixed[self._to(torch.from_numpy(gpu))] = out
+                mixed[self._to(torch.from_numpy(cpu))] = self._to(pixels).permute(0, 3, 1, 2).float()
                 out = mixed
                 flip = gpu[rows[gpu, C["flip"]] != 0]
             else:
                 flip = np.flatnonzero(rows[:, C["flip"]] != 0)
-            images = self.recipe.finish(out, torch.from_numpy(flip).to(self.device)
-                                        if flip.size else None)
-            labels = labels.to(self.device, non_blocking=self.pin_memory)
+            images = self.recipe.finish(out, self._to(torch.from_numpy(flip)) if flip.size else None)
+            labels = self._to(labels)
             event = self.stream.record_event() if self.stream is not None else None
         self._count(n, rows[:, C["kind"]].astype(np.int64))
         return images, labels, event
+
+    def _to(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a CPU tensor) on the device without waiting for the stream: a copy
+        from pageable memory may synchronise the side stream per batch (NOTE [ GPU
+        stream ]), so it goes through torch's cached pinned memory (which keeps the
+        block until the copy is done)."""
+        if self.stream is None:
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _decode(self, data: list[torch.Tensor], rows: np.ndarray) -> list[torch.Tensor]:
         """Decode a batch; an image that fails (or decodes to another size than its
