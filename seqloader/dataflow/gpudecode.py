@@ -8,7 +8,10 @@ batch overlaps the rendering of the one before.  A decode thread iterates the wo
 gathered batches and decodes each, batched (torchvision's call returns once its own
 stream has decoded the batch: it synchronises that stream, not the device, and
 releases the GIL meanwhile), then hands the decoded images on through a queue of one
-and releases the batch buffer.  The caller's thread renders them (crop, resize,
+and releases the batch buffer.  The decoded images are allocated on a stream of their
+own and ``record_stream``-ed to the rendering stream before they are dropped: nvJPEG
+writes them on torchvision's internal stream, so a block freed once the rendering is
+queued must not go to the next decode until that rendering has run.  The caller's thread renders them (crop, resize,
 flip, normalise: kernels only queued) on a side stream, inside the ``next()`` that
 hands out the batch before: the training step the caller queued for that one runs on
 the GPU meanwhile.  The batch handed out carries an event: the caller's current
@@ -72,12 +75,14 @@ class GPUDecoder:
         self.spec, self.device, self.db = spec, device, db
         self.recipe = TensorRecipe(spec.fused, dtype=opts.dtype, channels_last=opts.channels_last)
         self.stats = DecodeStats()
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if cuda else None  # rendering
+        self.decode_stream = torch.cuda.Stream(device) if cuda else None  # decoded images
 
     def batches(self, items: Iterator[tuple]) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         """``(j, (images, labels))`` for each ``(j, n, (labels, samples), whole, slot)`` of
         ``items`` (NOTE [ GPU stream ])."""
-        thread = _DecodeThread(items, self._decoded, self.stream)
+        thread = _DecodeThread(items, self._decoded, self.decode_stream)
         thread.start()
         try:
             pending = None
@@ -123,8 +128,13 @@ class GPUDecoder:
         ctx = (torch.cuda.stream(self.stream) if self.stream is not None
                else contextlib.nullcontext())
         with ctx:
+            if self.stream is not None:
+                self.stream.wait_stream(self.decode_stream)
             boxes = rows[gpu][:, [C["y0"], C["x0"], C["y1"], C["x1"], C["rh"], C["rw"]]]
             out = self.recipe.render(decoded, boxes).to(self.device)
+            if self.stream is not None:  # (freed now, reused only once the render is done)
+                for img in decoded:
+                    img.record_stream(self.stream)
             del decoded
             if cpu.size:  # rendered by the workers, flipped already (NOTE [ GPU batches ])
                 mixed = torch.zeros((n, *out.shape[1:]), dtype=out.dtype, device=self.device)
