@@ -340,7 +340,9 @@ def _save(res: dict, out: Path) -> None:
 
 
 def _machine(device: str) -> dict:
-    m = {"cores": os.cpu_count(), "python": platform.python_version(), "device": device}
+    m = {"cores": os.cpu_count(), "python": platform.python_version(), "device": device,
+         "dev_shm_gib": shutil.disk_usage("/dev/shm").total / 2**30 if os.path.isdir("/dev/shm")
+         else None}
     try:
         import torch
         m["torch"] = torch.__version__
