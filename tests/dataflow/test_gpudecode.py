@@ -2,6 +2,7 @@
 fused CPU path's draws, fallback counts, errors, resume and DDP ranks -- everything but
 the nvJPEG call, with the CPU decoder standing in for it (NOTE [ GPU batches ])."""
 import io
+import os
 import warnings
 
 import cv2
@@ -21,6 +22,8 @@ from seqloader.format.pixels import fused_prepare, image_source
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToTensor, compile_fused)
 
+#: SEQLOADER_TEST_DEVICE=cuda runs these on a GPU, nvJPEG decoding (the device script does)
+DEVICE = os.environ.get("SEQLOADER_TEST_DEVICE", "cpu")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TRAIN = Compose([RandomResizedCrop(64), RandomHorizontalFlip(), ToTensor(), Normalize(MEAN, STD)])
 EVAL = Compose([Resize(72), CenterCrop(64), ToTensor(), Normalize(MEAN, STD)])
@@ -82,9 +85,10 @@ def test_same_labels_shapes_and_pixels_near_the_cpu_path(lmdb_dir, transform, sp
     kernel: NOTE [ GPU pixels ]; measured here 0.4-1.0 grey levels mean)."""
     kw = dict(batch_size=8, shuffle=split == "train", num_workers=2, seed=5)
     cpu = Loader(lmdb_dir, split, transform, **kw)
-    gpu = Loader(lmdb_dir, split, transform, decode="gpu", device="cpu", **kw)
+    gpu = Loader(lmdb_dir, split, transform, decode="gpu", device=DEVICE, **kw)
     dists = []
     for (x, y), (g, z) in zip(cpu, gpu):
+        g, z = g.cpu(), z.cpu()
         assert torch.equal(y, z)
         assert g.shape == x.shape and g.dtype == x.dtype == torch.float32
         dists.append(_distance(g, x).flatten())
@@ -95,23 +99,23 @@ def test_same_labels_shapes_and_pixels_near_the_cpu_path(lmdb_dir, transform, sp
 
 def test_dtype_channels_last_and_uint8_recipes(lmdb_dir):
     ref = next(iter(Loader(lmdb_dir, "val", EVAL, batch_size=4, num_workers=0, decode="gpu",
-                           device="cpu")))[0]
+                           device=DEVICE)))[0]
     opts = GPUOptions(dtype=torch.bfloat16, channels_last=True)
     bf = next(iter(Loader(lmdb_dir, "val", EVAL, batch_size=4, num_workers=0, decode=opts,
-                          device="cpu")))[0]
+                          device=DEVICE)))[0]
     assert bf.dtype == torch.bfloat16 and bf.is_contiguous(memory_format=torch.channels_last)
     assert (bf.float() - ref).abs().max() < 0.02
     u8 = Compose([Resize(72), CenterCrop(64)])  # no ToTensor: uint8 NHWC, as decode='cpu'
     a = next(iter(Loader(lmdb_dir, "val", u8, batch_size=4, num_workers=0)))[0]
     b = next(iter(Loader(lmdb_dir, "val", u8, batch_size=4, num_workers=0, decode="gpu",
-                         device="cpu")))[0]
+                         device=DEVICE)))[0].cpu()
     assert a.shape == b.shape == (4, 64, 64, 3) and b.dtype == torch.uint8
     assert (a.float() - b.float()).abs().mean() < 1.5
 
 
 def test_resume_mid_epoch_continues_exactly(lmdb_dir):
-    kw = dict(batch_size=6, shuffle=True, num_workers=2, seed=2, decode="gpu", device="cpu")
-    whole = [(x, y) for x, y in Loader(lmdb_dir, "train", TRAIN, **kw)]
+    kw = dict(batch_size=6, shuffle=True, num_workers=2, seed=2, decode="gpu", device=DEVICE)
+    whole = [(x.cpu(), y.cpu()) for x, y in Loader(lmdb_dir, "train", TRAIN, **kw)]
     run = Loader(lmdb_dir, "train", TRAIN, **kw)
     it = iter(run)
     for _ in range(3):
@@ -120,7 +124,7 @@ def test_resume_mid_epoch_continues_exactly(lmdb_dir):
     assert state["position"] == 3  # (the batch decoded ahead is not counted)
     resumed = Loader(lmdb_dir, "train", TRAIN, **kw)
     resumed.load_state_dict(state)
-    rest = list(resumed)
+    rest = [(x.cpu(), y.cpu()) for x, y in resumed]
     assert len(rest) == len(whole) - 3
     for (x, y), (a, b) in zip(whole[3:], rest):
         assert torch.equal(y, b) and torch.equal(x, a)
@@ -130,7 +134,8 @@ def test_ddp_ranks_split_the_epoch_as_the_cpu_path(lmdb_dir):
     for rank in (0, 1):
         kw = dict(batch_size=5, shuffle=True, num_workers=1, rank=rank, world_size=2)
         want = [y for _, y in Loader(lmdb_dir, "train", TRAIN, **kw)]
-        got = [y for _, y in Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu", **kw)]
+        got = [y.cpu() for _, y in Loader(lmdb_dir, "train", TRAIN, decode="gpu", device=DEVICE,
+                                          **kw)]
         assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
@@ -139,7 +144,7 @@ def test_grayscale_falls_back_and_is_counted(lmdb_dir):
     workers (exactly the CPU path's pixels), counted; GPUOptions(gray=True) decodes them."""
     kw = dict(batch_size=8, shuffle=False, num_workers=2)
     cpu = Loader(lmdb_dir, "train", TRAIN, **kw)
-    gpu = Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu", **kw)
+    gpu = Loader(lmdb_dir, "train", TRAIN, decode="gpu", device=DEVICE, **kw)
     seen = 0
     for (x, _), (g, _) in zip(cpu, gpu):
         seen += len(g)
@@ -148,7 +153,7 @@ def test_grayscale_falls_back_and_is_counted(lmdb_dir):
     gray = sum(1 for r in open_records(lmdb_dir) if _components(r.image) == 1)
     assert gray > 0 and stats.fallback == {REASONS[2]: gray}
     assert stats.on_gpu == seen - gray
-    both = Loader(lmdb_dir, "train", TRAIN, decode=GPUOptions(gray=True), device="cpu", **kw)
+    both = Loader(lmdb_dir, "train", TRAIN, decode=GPUOptions(gray=True), device=DEVICE, **kw)
     list(both)
     assert both.decode_stats.fallbacks == 0 and both.decode_stats.on_gpu == seen
 
@@ -183,7 +188,7 @@ def test_progressive_and_stored_pixels_fall_back(tmp_path):
         preprocess(tree, tmp_path / "db", options=WriteOptions(progress=False, workers=1))
         preprocess(tree, tmp_path / "px", options=WriteOptions(progress=False, workers=1,
                                                                image_format="pixels"))
-    kw = dict(batch_size=5, shuffle=True, num_workers=1, device="cpu")
+    kw = dict(batch_size=5, shuffle=True, num_workers=1, device=DEVICE)
     ld = Loader(tmp_path / "db", "train", TRAIN, decode="gpu", **kw)
     list(ld)
     assert ld.decode_stats.fallback == {REASONS[4]: 3} and ld.decode_stats.on_gpu == 2
@@ -194,6 +199,7 @@ def test_progressive_and_stored_pixels_fall_back(tmp_path):
     px = Loader(tmp_path / "px", "train", TRAIN, decode="gpu", **kw)
     (g, y), = list(px)
     (x, z), = list(Loader(tmp_path / "px", "train", TRAIN, **{**kw, "device": None}))
+    g, y = g.cpu(), y.cpu()
     assert px.decode_stats.fallback == {REASONS[6]: 5}
     assert torch.equal(y, z) and (g - x).abs().max() < 1e-5
 
@@ -230,12 +236,12 @@ def test_a_failing_record_is_named(lmdb_dir):
         raise KeyError("no such class")
 
     ld = Loader(lmdb_dir, "train", TRAIN, batch_size=4, num_workers=1, decode="gpu",
-                device="cpu", target_transform=boom)
+                device=DEVICE, target_transform=boom)
     with pytest.raises(RecordError, match=r"record \d+ .*KeyError"):
         next(iter(ld))
     eng = _engine(lmdb_dir, TRAIN, 0, gpu=GPUOptions())
     try:
-        dec = GPUDecoder(eng.spec, torch.device("cpu"), db=eng.source.db)
+        dec = GPUDecoder(eng.spec, torch.device(DEVICE), db=eng.source.db)
         _, n, (labels, samples), whole, _ = next(eng.run(0))
         rows = params_view(samples)
         k = int(np.flatnonzero(rows[:n, C["kind"]] == ON_GPU)[0])
@@ -253,17 +259,17 @@ def test_bad_settings_are_refused(lmdb_dir):
     with pytest.raises(ValueError, match="needs device="):
         Loader(lmdb_dir, "train", TRAIN, decode="gpu")
     with pytest.raises(ValueError, match="decode must be"):
-        Loader(lmdb_dir, "train", TRAIN, decode="nvjpeg", device="cpu")
+        Loader(lmdb_dir, "train", TRAIN, decode="nvjpeg", device=DEVICE)
     with pytest.raises(ValueError, match="transform=None"):
-        Loader(lmdb_dir, "train", None, decode="gpu", device="cpu")
+        Loader(lmdb_dir, "train", None, decode="gpu", device=DEVICE)
     with pytest.raises(ValueError, match="output="):
-        Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu", output="uint8")
-    odd = Loader(lmdb_dir, "train", lambda img, rng=None: img[:8, :8], decode="gpu", device="cpu")
+        Loader(lmdb_dir, "train", TRAIN, decode="gpu", device=DEVICE, output="uint8")
+    odd = Loader(lmdb_dir, "train", lambda img, rng=None: img[:8, :8], decode="gpu", device=DEVICE)
     with pytest.raises(ValueError, match="standard recipe"):
         next(iter(odd))
     box = Compose([RandomResizedCrop(64, interpolation="box"), ToTensor()])
     with pytest.raises(ValueError, match="'box'"):
-        next(iter(Loader(lmdb_dir, "train", box, decode="gpu", device="cpu", num_workers=0)))
+        next(iter(Loader(lmdb_dir, "train", box, decode="gpu", device=DEVICE, num_workers=0)))
 
 
 def _decode_threads():
@@ -274,7 +280,7 @@ def _decode_threads():
 @pytest.mark.parametrize("persistent", [True, False])
 def test_breaking_off_stops_the_decode_thread_and_the_next_epoch_is_whole(lmdb_dir, persistent):
     ld = Loader(lmdb_dir, "train", TRAIN, batch_size=6, shuffle=True, num_workers=2,
-                decode="gpu", device="cpu", persistent_workers=persistent)
+                decode="gpu", device=DEVICE, persistent_workers=persistent)
     for _ in ld:
         break
     assert not _decode_threads()
@@ -291,7 +297,7 @@ def test_a_killed_worker_is_reported(lmdb_dir):
     from seqloader import WorkerDiedError
 
     ld = Loader(lmdb_dir, "train", TRAIN, batch_size=4, shuffle=True, num_workers=2,
-                decode="gpu", device="cpu")
+                decode="gpu", device=DEVICE)
     it = iter(ld)
     next(it)
     os.kill(ld._pool.pids[0], signal.SIGKILL)
