@@ -29,7 +29,7 @@ from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
 from .dataflow.gpudecode import DecodeStats, GPUDecoder
-from .dataflow.gpugather import GPUOptions
+from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow import targetregion as _targets  # HOOK [ any targets ]
@@ -62,30 +62,6 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _gpu_options(decode: Any, transform: Any, output: str, device: Any) -> GPUOptions | None:
-    """The GPUOptions ``decode`` asks for (None: decode on the CPU), checked."""
-    if isinstance(decode, GPUOptions):
-        options = decode
-    elif decode == "gpu":
-        options = GPUOptions()
-    elif decode == "cpu":
-        return None
-    else:
-        raise ValueError(f"decode must be 'cpu', 'gpu' or a GPUOptions, got {decode!r}")
-    if transform is None:
-        raise ValueError("decode='gpu' decodes for a transform: give the recipe (e.g. "
-                         "RandomResizedCrop + flip + ToTensor + Normalize); transform=None "
-                         "yields encoded bytes, which decode nowhere")
-    if device is None:
-        raise ValueError("decode='gpu' needs device= (e.g. device='cuda'; device='cpu' runs "
-                         "the same path on CPU tensors, for tests)")
-    if output != "float":
-        raise ValueError(f"decode='gpu' with output={output!r}: the batch is rendered on the "
-                         "device, so output= does not apply; choose its dtype with "
-                         "decode=GPUOptions(dtype=torch.bfloat16)")
-    return options
-
-
 class Loader(TrainerFacing, Resumable):
     """Iterate ``(images, labels)`` batches of a seqloader database, DataLoader-style.
 
@@ -95,6 +71,8 @@ class Loader(TrainerFacing, Resumable):
     also get a seeded ``rng``; torchvision transforms get a PIL image) and returns a
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
+    ``decode="gpu"`` (with ``device``) leaves the decoding of a standard recipe to the
+    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`).
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch
@@ -155,7 +133,7 @@ class Loader(TrainerFacing, Resumable):
         choose_io(io, 0)  # (validates io now, not in the first iteration)
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
-        self.gpu = _gpu_options(decode, transform, output, device)
+        self.gpu = gpu_options(decode, transform, output, device)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))

@@ -42,8 +42,8 @@ from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
 from .batch import BatchSpec, record_error
 
-__all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "sample_nbytes", "params_view",
-           "pixels_view", "classify", "gather_batch"]
+__all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "gpu_options", "sample_nbytes",
+           "params_view", "pixels_view", "classify", "gather_batch"]
 
 #: The columns of a sample's parameter row (float64; integers are exact).
 COLUMNS = ("kind", "index", "offset", "length", "height", "width", "y0", "x0", "y1", "x1",
@@ -74,6 +74,31 @@ class GPUOptions:
     channels_last: bool = False
     gray: bool = False
     progressive: bool = False
+
+
+def gpu_options(decode: Any, transform: Any, output: str, device: Any) -> GPUOptions | None:
+    """The GPUOptions the Loader's ``decode`` asks for (None: decode on the CPU), checked
+    against its ``transform``, ``output`` and ``device``."""
+    if isinstance(decode, GPUOptions):
+        options = decode
+    elif decode == "gpu":
+        options = GPUOptions()
+    elif decode == "cpu":
+        return None
+    else:
+        raise ValueError(f"decode must be 'cpu', 'gpu' or a GPUOptions, got {decode!r}")
+    if transform is None:
+        raise ValueError("decode='gpu' decodes for a transform: give the recipe (e.g. "
+                         "RandomResizedCrop + flip + ToTensor + Normalize); transform=None "
+                         "yields encoded bytes, which decode nowhere")
+    if device is None:
+        raise ValueError("decode='gpu' needs device= (e.g. device='cuda'; device='cpu' runs "
+                         "the same path on CPU tensors, for tests)")
+    if output != "float":
+        raise ValueError(f"decode='gpu' with output={output!r}: the batch is rendered on the "
+                         "device, so output= does not apply; choose its dtype with "
+                         "decode=GPUOptions(dtype=torch.bfloat16)")
+    return options
 
 
 def sample_nbytes(out_hw: tuple[int, int]) -> int:

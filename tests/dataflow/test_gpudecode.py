@@ -306,3 +306,25 @@ def test_a_killed_worker_is_reported(lmdb_dir):
             pass
     assert not _decode_threads()
     assert len(list(ld)) == len(ld)  # (a new pool)
+
+
+def test_records_outside_the_buffer_are_rendered_by_the_worker(lmdb_dir):
+    """A batch too large for its buffer reaches the worker by pipe: its records are not
+    where the main process could decode them, so the worker renders them (kind 7)."""
+    from seqloader.dataflow.batch import slot_views
+    from seqloader.dataflow.gpugather import gather_batch, pixels_view
+
+    eng = _engine(lmdb_dir, TRAIN, 0, gpu=GPUOptions())
+    try:
+        spec = eng.spec
+        buf = np.zeros(spec.slot_nbytes, np.uint8)
+        labels, samples, whole = slot_views(buf, spec, 3)
+        recs = next(iter(eng.df.batches(eng.plan(0))))[1][:3]
+        gather_batch(spec, whole, [bytes(v) for _, v in recs], [i for i, _ in recs], labels,
+                     samples, batch_rng(spec.seed, 0, 0, 0))
+        rows = params_view(samples)
+        assert set(rows[:, C["kind"]].tolist()) <= {7.0, 2.0}
+        assert pixels_view(samples, spec.fused.out_hw).any(axis=(1, 2, 3)).all()
+        assert [int(r) for r in rows[:, C["index"]]] == [i for i, _ in recs]
+    finally:
+        eng.close()
