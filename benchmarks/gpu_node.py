@@ -71,12 +71,31 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK
 
 
+def _descendants(pid: int) -> list[int]:
+    """The live descendants of ``pid``, from every process's parent in ``/proc/*/stat``
+    (the per-thread ``children`` files are missing on some kernels, gVisor's among them)."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+            kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        found = kids.get(todo.pop(), [])
+        out += found
+        todo += found
+    return out
+
+
 def _tree_cpu() -> tuple[float, float]:
     """(this process's CPU seconds, its descendants' -- the workers)."""
-    from seqloader.tools.bench.procs import process_tree
-
     me = os.getpid()
-    return _cpu_seconds(me), sum(_cpu_seconds(p) for p in process_tree(me) if p != me)
+    return _cpu_seconds(me), sum(_cpu_seconds(p) for p in _descendants(me))
 
 
 def _sync(device: str) -> None:
