@@ -323,7 +323,9 @@ class Loader(TrainerFacing, Resumable):
         """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
         if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
             engine.start()  # (in this thread, which outlives the decode thread)
-            yield from self._gpu_decoder.batches(engine.run(epoch, first))
+            for j, batch in self._gpu_decoder.batches(engine.run(epoch, first)):
+                yield j, _targets.collate_batch(batch, None, self.collate_fn, self.device,
+                                                self.pin_memory)
             return
         for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
             # HOOK [ any targets ]: unpacked from the buffer, collated after the images

@@ -113,6 +113,15 @@ def test_dtype_channels_last_and_uint8_recipes(lmdb_dir):
     assert (a.float() - b.float()).abs().mean() < 1.5
 
 
+def test_collate_fn_gets_the_samples_as_with_decode_cpu(lmdb_dir):
+    def pairs(batch):
+        return [(int(t), tuple(img.shape)) for img, t in batch]
+
+    kw = dict(batch_size=4, num_workers=1, collate_fn=pairs)
+    want = next(iter(Loader(lmdb_dir, "val", EVAL, **kw)))
+    assert next(iter(Loader(lmdb_dir, "val", EVAL, decode="gpu", device=DEVICE, **kw))) == want
+
+
 def test_resume_mid_epoch_continues_exactly(lmdb_dir):
     kw = dict(batch_size=6, shuffle=True, num_workers=2, seed=2, decode="gpu", device=DEVICE)
     whole = [(x.cpu(), y.cpu()) for x, y in Loader(lmdb_dir, "train", TRAIN, **kw)]
