@@ -282,7 +282,8 @@ def _build(args: argparse.Namespace, limit: float) -> dict:
                  "--size", "imagenet", "--workers", str(cores), "--no-progress"],
                 [sys.executable, "-m", "seqloader", "preprocess", str(tree), str(db),
                  "--workers", str(cores), "--no-progress"]):
-        subprocess.run(cmd, check=True, env=env, timeout=max(10.0, limit - (time.perf_counter() - t0)),
+        spent = time.perf_counter() - t0
+        subprocess.run(cmd, check=True, env=env, timeout=max(10.0, limit - spent),
                        stdout=subprocess.DEVNULL)
     return {"seconds": time.perf_counter() - t0, "classes": classes, "per_class": per}
 
@@ -302,7 +303,8 @@ def _summary(res: dict) -> dict:
     train = [r for r in gpu if r["recipe"] == "train" and "blocking_sync" not in r]
     if train:
         best = max(train, key=lambda r: r["images_per_s"])
-        s["gpu_train_images_per_s"], s["gpu_train_cores_busy"] = best["images_per_s"], best["cores_busy"]
+        s["gpu_train_images_per_s"] = best["images_per_s"]
+        s["gpu_train_cores_busy"] = best["cores_busy"]
         s["gpu_train_workers"] = best["workers"]
         if top:
             s["gpu_over_cpu_top"] = best["images_per_s"] / top["images_per_s"]
@@ -335,7 +337,8 @@ def _markdown(res: dict) -> str:
                          f"{r['main_us_per_image']:.0f} | {r['cores_busy']:.1f} |")
         lines.append("")
     if p.get("gpu"):
-        lines += ["## decode='gpu'", "", "| recipe | workers | images/s | cores busy | fallbacks | peak MiB |",
+        lines += ["## decode='gpu'", "",
+                  "| recipe | workers | images/s | cores busy | fallbacks | peak MiB |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for r in p["gpu"]:
             if "error" in r:
@@ -348,7 +351,8 @@ def _markdown(res: dict) -> str:
         lines.append("")
     if isinstance(p.get("pixels"), dict) and "train" in p["pixels"]:
         lines += ["## Pixels, decode='gpu' vs 'cpu' (grey levels)", "",
-                  "| recipe | mean | p50 | p99 | p99.9 | max | share > 4 |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| recipe | mean | p50 | p99 | p99.9 | max | share > 4 |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for k in ("train", "eval"):
             d = p["pixels"][k]
             lines.append(f"| {k} | {d['mean']:.2f} | {d['p50']:.1f} | {d['p99']:.1f} | "
@@ -441,7 +445,8 @@ def main(argv: list[str] | None = None) -> None:
             if left() < per_run:
                 rows.append({"workers": w, "error": "skipped: out of time"})
                 continue
-            rows.append(_child(a, "loader", ["--decode", "cpu", "--nw", str(w)], min(per_run, left())))
+            rows.append(_child(a, "loader", ["--decode", "cpu", "--nw", str(w)],
+                               min(per_run, left())))
             print("cpu", rows[-1], flush=True)
             _save(res, out)
     if "gpu" in parts:

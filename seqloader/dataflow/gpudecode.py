@@ -3,31 +3,30 @@ batch on the device and render it with the recipe's tensor operations, one batch
 of the caller.
 
 NOTE [ GPU stream ]
-Two threads of the main process share the work, so that the nvJPEG decode of one
-batch overlaps the rendering of the one before.  A decode thread iterates the workers'
-gathered batches and decodes each, batched (torchvision's call returns once its own
-stream has decoded the batch: it synchronises that stream, not the device, and
-releases the GIL meanwhile), then hands the decoded images on through a queue of one
-and releases the batch buffer.  The decoded images are allocated on a stream of their
-own and ``record_stream``-ed to the rendering stream before they are dropped: nvJPEG
-writes them on torchvision's internal stream, so a block freed once the rendering is
-queued must not go to the next decode until that rendering has run.  The caller's thread renders them (crop, resize,
-flip, normalise: kernels only queued) on a side stream, inside the ``next()`` that
-hands out the batch before: the training step the caller queued for that one runs on
-the GPU meanwhile.  The batch handed out carries an event: the caller's current
-stream waits on it (no host synchronisation) and the tensors are ``record_stream``-ed
-to that stream, so the caching allocator does not reuse them early.  Bounded device
-memory: two rendered batches and up to three batches of decoded images at a time.
-Labels, indices and fallback samples go to the device through pinned memory
+Two threads of the main process share the work, so that the nvJPEG decode of one batch
+overlaps the rendering of the one before. A decode thread iterates the workers' gathered
+batches and decodes each, batched (torchvision's call returns once its own stream has
+decoded the batch: it synchronises that stream, not the device, and releases the GIL
+meanwhile), then hands the decoded images on through a queue of one and releases the
+batch buffer. The decoded images are allocated on a stream of their own and
+``record_stream``-ed to the rendering stream before they are dropped: nvJPEG writes them
+on torchvision's internal stream, so a block freed once the rendering is queued must not
+go to the next decode until that rendering has run. The caller's thread renders them
+(crop, resize, flip, normalise: kernels only queued) on a side stream, inside the
+``next()`` that hands out the batch before: the training step the caller queued for that
+one runs on the GPU meanwhile. The batch handed out carries an event: the caller's
+current stream waits on it (no host synchronisation) and the tensors are
+``record_stream``-ed to that stream, so the caching allocator does not reuse them early.
+Bounded device memory: two rendered batches and up to three batches of decoded images at
+a time. Labels, indices and fallback samples go to the device through pinned memory
 (non-blocking), whatever ``pin_memory`` says -- a batch on the device is what
-``pin_memory`` exists for; the images are decoded from the shared-memory buffer,
-which nvJPEG stages through its own pinned buffers.  Every wait polls with a timeout; a failure
-in the decode thread (a worker's error, a record that does not decode) is raised in
-the caller; ending the iteration stops and joins the thread, which closes the
-workers' epoch before anything else may touch the pool.  The workers are started by
-the caller's thread beforehand (``MultiProcessMapAndBatchData.start``): a worker dies
-with the thread that forked it (``PR_SET_PDEATHSIG``), and the decode thread ends with
-every iteration.
+``pin_memory`` exists for; the images are decoded from the shared-memory buffer, which
+nvJPEG stages through its own pinned buffers. Every wait polls with a timeout; a failure
+in the decode thread (a worker's error, a record that does not decode) is raised in the
+caller; ending the iteration stops and joins the thread, which closes the workers' epoch
+before anything else may touch the pool. The workers are started by the caller's thread
+beforehand (``MultiProcessMapAndBatchData.start``): a worker dies with the thread that
+forked it (``PR_SET_PDEATHSIG``), and the decode thread ends with every iteration.
 """
 from __future__ import annotations
 
@@ -79,7 +78,8 @@ class GPUDecoder:
         self.stream = torch.cuda.Stream(device) if cuda else None  # rendering
         self.decode_stream = torch.cuda.Stream(device) if cuda else None  # decoded images
 
-    def batches(self, items: Iterator[tuple]) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+    def batches(self, items: Iterator[tuple]
+                ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         """``(j, (images, labels))`` for each ``(j, n, (labels, samples), whole, slot)`` of
         ``items`` (NOTE [ GPU stream ])."""
         thread = _DecodeThread(items, self._decoded, self.decode_stream)
@@ -139,12 +139,14 @@ class GPUDecoder:
             if cpu.size:  # rendered by the workers, flipped already (NOTE [ GPU batches ])
                 mixed = torch.zeros((n, *out.shape[1:]), dtype=out.dtype, device=self.device)
                 mixed[self._to(torch.from_numpy(gpu))] = out
-                mixed[self._to(torch.from_numpy(cpu))] = self._to(pixels).permute(0, 3, 1, 2).float()
+                mixed[self._to(torch.from_numpy(cpu))] = (
+                    self._to(pixels).permute(0, 3, 1, 2).float())
                 out = mixed
                 flip = gpu[rows[gpu, C["flip"]] != 0]
             else:
                 flip = np.flatnonzero(rows[:, C["flip"]] != 0)
-            images = self.recipe.finish(out, self._to(torch.from_numpy(flip)) if flip.size else None)
+            flips = self._to(torch.from_numpy(flip)) if flip.size else None
+            images = self.recipe.finish(out, flips)
             labels = self._to(labels)
             event = self.stream.record_event() if self.stream is not None else None
         self._count(n, rows[:, C["kind"]].astype(np.int64))

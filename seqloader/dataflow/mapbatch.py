@@ -202,7 +202,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
             n = len(recs)
             start = spec.input_start([len(v) for _, v in recs])
             values: list[Any] = []
-            for _, v in recs:  # a batch too large for the buffer is gathered from the reader's views
+            for _, v in recs:  # (a batch too large for the buffer: gathered from the views)
                 if start is None:
                     values.append(v)
                     continue
