@@ -94,6 +94,13 @@ def gpu_options(decode: Any, transform: Any, output: str, device: Any) -> GPUOpt
     if device is None:
         raise ValueError("decode='gpu' needs device= (e.g. device='cuda'; device='cpu' runs "
                          "the same path on CPU tensors, for tests)")
+    if str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"decode='gpu' with device={str(device)!r}, but CUDA is not "
+                             "available here (no GPU, or a CPU-only torch); use device='cpu' "
+                             "to run the same path on CPU tensors, or decode='cpu'")
     if output != "float":
         raise ValueError(f"decode='gpu' with output={output!r}: the batch is rendered on the "
                          "device, so output= does not apply; choose its dtype with "

@@ -267,6 +267,9 @@ def test_a_failing_record_is_named(lmdb_dir):
 def test_bad_settings_are_refused(lmdb_dir):
     with pytest.raises(ValueError, match="needs device="):
         Loader(lmdb_dir, "train", TRAIN, decode="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cuda")
     with pytest.raises(ValueError, match="decode must be"):
         Loader(lmdb_dir, "train", TRAIN, decode="nvjpeg", device=DEVICE)
     with pytest.raises(ValueError, match="transform=None"):
