@@ -60,9 +60,8 @@ class Block:
 
     @property
     def plain(self) -> bool:
-        """Runs as set-up of a later block run alone: not slow, skipped or needing more."""
-        return (self.skip is None and not self.slow and self.s3 is None
-                and all(available(n) for n in self.needs))
+        """Runs as set-up of a later block run alone: not slow or skipped, needs met."""
+        return self.skip is None and not self.slow and all(available(n) for n in self.needs)
 
 
 def _apply(block: Block, text: str, where: str) -> None:
