@@ -34,7 +34,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN = {"bash": "bash", "sh": "bash", "python": "python"}
 SHOWN = {"text", "console", "output"}
 DEFAULT_TIMEOUT = 120.0
-KEYS = {"skip", "slow", "needs", "env", "timeout", "s3", "setup"}
+KEYS = {"skip", "slow", "needs", "env", "timeout", "s3", "setup", "file"}
 
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
 _DIRECTIVE = re.compile(r"<!--\s*docs-test(\s+page)?:(.*?)-->", re.S)
@@ -53,15 +53,17 @@ class Block:
     timeout: float = DEFAULT_TIMEOUT
     s3: str | None = None
     setup: str = ""
+    file: str | None = None
 
     @property
     def name(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
-    @property
-    def plain(self) -> bool:
-        """Runs as set-up of a later block run alone: not slow or skipped, needs met."""
-        return self.skip is None and not self.slow and all(available(n) for n in self.needs)
+    def sets_up(self, later: "Block") -> bool:
+        """Whether this block runs first when ``later`` runs without it (``-k``, ``-m``):
+        not skipped, its needs met, and not slow unless ``later`` is slow too."""
+        return (self.lang in RUN and self.skip is None and (not self.slow or later.slow)
+                and all(available(n) for n in self.needs))
 
 
 def _apply(block: Block, text: str, where: str) -> None:
@@ -96,6 +98,10 @@ def _apply(block: Block, text: str, where: str) -> None:
         elif key == "s3":
             block.s3 = args or "bucket"
             block.needs += ("moto", "s3fs")
+        elif key == "file":
+            if not args or "/" in args:
+                raise ValueError(f"{where}: 'file' needs a file name (no folders)")
+            block.file = args
         elif key == "setup":
             block.setup += rest.strip("\n") + "\n"
             rest = ""
@@ -272,7 +278,10 @@ class PageSession:
         err = None
         if block.setup:
             err = self._bash(block.setup, block.name + " (setup)", block.timeout, env)
-        if err is None:
+        if err is None and block.file:
+            (self.dir / block.file).write_text(block.code)
+            (self.dir / block.file).chmod(0o755)
+        elif err is None:
             run = self._bash if RUN[block.lang] == "bash" else self._python
             err = run(block.code, block.name, block.timeout, env)
         if err is not None:
@@ -327,7 +336,7 @@ def test_block(block: Block, sessions):
     for earlier in parse(block.page):
         if earlier.line >= block.line:
             break
-        if earlier.lang in RUN and earlier.line not in session.attempted and earlier.plain:
+        if earlier.line not in session.attempted and earlier.sets_up(block):
             session.run(earlier)
         if session.attempted.get(earlier.line):
             pytest.fail(f"an earlier block of the page failed:\n{session.attempted[earlier.line]}",
