@@ -36,7 +36,7 @@ SHOWN = {"text", "console", "output"}
 DEFAULT_TIMEOUT = 120.0
 KEYS = {"skip", "slow", "needs", "env", "timeout", "s3", "setup", "file"}
 
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
+_FENCE = re.compile(r"^(\s*)(`{3,}(?=[^`]*$)|~{3,})\s*([\w+-]*)")  # (no ` after a ``` fence)
 _DIRECTIVE = re.compile(r"<!--\s*docs-test(\s+page)?:(.*?)-->", re.S)
 
 
@@ -119,7 +119,7 @@ def parse(page: Path) -> list[Block]:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if "<!--" in line and "docs-test" in line:
+        if line.lstrip().startswith("<!--") and "docs-test" in line:
             j = i
             while "-->" not in lines[j]:
                 j += 1
@@ -347,6 +347,13 @@ def test_block(block: Block, sessions):
         pytest.fail(f"{block.name} ({time.monotonic() - t0:.1f} s):\n{err}", pytrace=False)
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+
+
 def test_pages_parse_and_link():
     """Every page parses (languages, directives) and its relative links and images exist."""
     problems = []
@@ -357,9 +364,12 @@ def test_pages_parse_and_link():
             problems.append(str(e))
         text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
-            path = target.split("#")[0]
-            if not path or re.match(r"[a-z]+:", path):
+            path, _, anchor = target.partition("#")
+            if re.match(r"[a-z]+:", path):
                 continue
-            if not (page.parent / path).exists():
+            file = page.parent / path if path else page
+            if not file.exists():
                 problems.append(f"{page.relative_to(ROOT)}: link to {target}: no such file")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+                problems.append(f"{page.relative_to(ROOT)}: link to {target}: no such heading")
     assert not problems, "\n".join(problems)
