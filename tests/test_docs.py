@@ -308,8 +308,8 @@ class PageSession:
 def sessions():
     opened: dict[Path, PageSession] = {}
     yield opened
-    for s in opened.values():
-        s.close()
+    for session in opened.values():
+        session.close()
 
 
 def _params():
@@ -330,6 +330,8 @@ def _params():
 
 @pytest.mark.parametrize("block", _params())
 def test_block(block: Block, sessions):
+    for page in [p for p in sessions if p != block.page]:   # (items come page by page)
+        sessions.pop(page).close()
     session = sessions.get(block.page)
     if session is None:
         session = sessions[block.page] = PageSession(block.page)
