@@ -151,6 +151,10 @@ def parse(page: Path) -> list[Block]:
         block = Block(page, i + 1, lang, body)
         for text, where in page_directives + pending:
             _apply(block, text, where)
+        if lang in RUN and block.skip is None and re.search(r"\bpip3? install\b", body):
+            raise ValueError(f"{rel}:{i + 1}: a block that runs 'pip install' must carry "
+                             "<!-- docs-test: skip REASON --> (it would change the "
+                             "environment the tests run in)")
         if lang in SHOWN and pending:
             raise ValueError(f"{rel}:{i + 1}: a docs-test comment above a {lang} block, "
                              "which never runs")
