@@ -379,3 +379,24 @@ def test_pages_parse_and_link():
             elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
                 problems.append(f"{page.relative_to(ROOT)}: link to {target}: no such heading")
     assert not problems, "\n".join(problems)
+
+
+def test_every_cli_option_is_documented():
+    """Every subcommand of ``seqloader`` and each of its options appears in docs/*.md."""
+    import argparse
+
+    from seqloader.cli import build_parser
+
+    text = "\n".join(p.read_text() for p in PAGES)
+    missing = []
+    for action in build_parser()._actions:             # (argparse has no public walk)
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, sub in action.choices.items():
+            if f"seqloader {name}" not in text and f"`{name}`" not in text:
+                missing.append(name)
+            for opt in (o for a in sub._actions for o in a.option_strings):
+                if opt.startswith("--") and opt != "--help" and not re.search(
+                        re.escape(opt) + r"(?![\w-])", text):
+                    missing.append(f"{name} {opt}")
+    assert not missing, f"not in README.md or docs/*.md: {', '.join(missing)}"
