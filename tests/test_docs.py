@@ -199,6 +199,23 @@ _serve(_fd)
 """
 
 
+def _descendants(pid: int) -> list[int]:
+    """The pids below ``pid`` in the process tree (Linux /proc; [] elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 class PageSession:
     """One page's folder, environment, python interpreter and servers."""
 
@@ -231,10 +248,17 @@ class PageSession:
                      endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
 
     def _kill(self, proc: subprocess.Popen) -> None:
+        """Kill proc's process group and every descendant (some start their own groups)."""
+        victims = _descendants(proc.pid)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
 
     def _bash(self, code: str, name: str, timeout: float, env: dict) -> str | None:
