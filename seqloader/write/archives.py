@@ -15,7 +15,8 @@ from typing import Iterator, Sequence
 from .scan import _read_label_lines, is_image_file
 
 from .sources import (_LABEL_EXTS, _TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
-                      _clean, _members, _open_archive, _read, _stem, _tar_at)
+                      _clean, _open_archive, _read, _stem, _tar_at)
+from .tarwalk import STREAM_ERRORS, Walk
 
 __all__ = ["TarSource", "TreeTar", "TarOfTars", "FlatTar", "WebDataset"]
 
@@ -34,10 +35,19 @@ class TarSource(Source):
             f, raw = _open_archive(path)
             self._direct = None if isinstance(f, gzip.GzipFile) else str(path)
             base = sum(self._file_sizes[:k])
+            self._walk = Walk(str(path))  # the innermost archive being read
             try:
                 sub = cursor[1:] if cursor and k == start_file else []
                 ahead = 0
-                for ev, pos in self._file_events(k, f, sub, str(path)):
+                events = self._file_events(k, f, sub, str(path))
+                while True:
+                    try:
+                        ev, pos = next(events)
+                    except StopIteration:
+                        break
+                    except STREAM_ERRORS as e:  # (a gzip stream's, while reading data)
+                        raise self._walk.damaged(None, f"{type(e).__name__}: {e}, near byte "
+                                                       f"{raw.tell():,} of the file") from None
                     here = raw.tell()
                     self._pos = base + here
                     if here >= ahead and hasattr(os, "posix_fadvise"):
@@ -54,13 +64,18 @@ class TarSource(Source):
     def _file_events(self, k: int, f, sub: list, where: str):
         raise NotImplementedError
 
+    def _walk_of(self, where: str) -> Walk:
+        """A new :class:`Walk` of ``where``, the one errors name from now on."""
+        self._walk = Walk(where)
+        return self._walk
+
     def _item(self, name: str, label: int | str, tf: tarfile.TarFile, m: tarfile.TarInfo,
-              where: str, base: int | None = 0) -> Item:
+              walk: Walk, base: int | None = 0) -> Item:
         """An item whose data is located (NOTE [ data by location ]) where the member is
         stored as is at ``base + m.offset_data`` of the file, else read now."""
         if self._direct is not None and base is not None and m.sparse is None:
             return Item(name, label, None, (self._direct, base + m.offset_data, m.size))
-        return Item(name, label, _read(tf, m, where))
+        return Item(name, label, _read(tf, m, walk))
 
 
 class TreeTar(TarSource):
@@ -75,8 +90,9 @@ class TreeTar(TarSource):
 
     def _file_events(self, k, f, sub, where):
         tf = _tar_at(f, sub[0] if sub else 0, where)
+        walk = self._walk_of(where)
         strip = None
-        for m in _members(tf, where):
+        for m in walk.members(tf):
             name = _clean(m.name)
             parts = name.split("/")
             if not m.isfile() or not is_image_file(parts[-1]) or any(
@@ -90,7 +106,7 @@ class TreeTar(TarSource):
                 raise ValueError(f"{where}: image {m.name} is not inside a class folder; a tar "
                                  "of a class tree holds class/image paths (for flat images "
                                  "give their labels with --val-labels)")
-            yield self._item("/".join(parts), parts[0], tf, m, where), [tf.offset]
+            yield self._item("/".join(parts), parts[0], tf, m, walk), [tf.offset]
 
 
 class TarOfTars(TarSource):
@@ -102,7 +118,8 @@ class TarOfTars(TarSource):
     def _file_events(self, k, f, sub, where):
         outer = _tar_at(f, sub[0] if sub else 0, where)
         resume = sub[1] if len(sub) > 1 else None  # inside the inner tar at sub[0]
-        for m in _members(outer, where):
+        outer_walk = self._walk_of(where)
+        for m in outer_walk.members(outer):
             if not m.isfile() or not m.name.lower().endswith(_TAR_SUFFIXES):
                 continue
             cls = _stem(_clean(m.name))
@@ -117,11 +134,13 @@ class TarOfTars(TarSource):
             if m.name.lower().endswith((".gz", ".tgz")) or m.sparse is not None:
                 inner, base = gzip.GzipFile(fileobj=inner, mode="rb"), None
             tf = _tar_at(inner, start, inner_where)
-            for im in _members(tf, inner_where):
+            walk = self._walk_of(inner_where)
+            for im in walk.members(tf):
                 name = _clean(im.name).rsplit("/", 1)[-1]
                 if im.isfile() and is_image_file(name):
-                    yield (self._item(f"{cls}/{name}", cls, tf, im, inner_where, base),
+                    yield (self._item(f"{cls}/{name}", cls, tf, im, walk, base),
                            [m.offset, tf.offset])
+            self._walk = outer_walk
             outer.offset = after
 
 
@@ -172,7 +191,8 @@ class FlatTar(TarSource):
 
     def _file_events(self, k, f, sub, where):
         tf = _tar_at(f, sub[0] if sub else 0, where)
-        for m in _members(tf, where):
+        walk = self._walk_of(where)
+        for m in walk.members(tf):
             name = _clean(m.name)
             base = name.rsplit("/", 1)[-1]
             if not m.isfile() or not is_image_file(base):
@@ -181,7 +201,7 @@ class FlatTar(TarSource):
             if label is None:
                 raise ValueError(f"{where}: image {name} has no line in {self.labels_file}; "
                                  "add its label (or use the labels file of this archive)")
-            yield self._item(name, label, tf, m, where), [tf.offset]
+            yield self._item(name, label, tf, m, walk), [tf.offset]
 
 
 def _devkit_rows(devkit: Path) -> list[tuple[int, str, str]]:
@@ -219,8 +239,9 @@ class WebDataset(TarSource):
     def _file_events(self, k, f, sub, where):
         tf = _tar_at(f, sub[0] if sub else 0, where)
         shard = _stem(self.files[k].name)
+        walk = self._walk_of(where)
         key, parts = None, {}
-        for m in _members(tf, where):
+        for m in walk.members(tf):
             if not m.isfile():
                 continue
             name = _clean(m.name)
@@ -233,7 +254,7 @@ class WebDataset(TarSource):
                 key, parts = mkey, {}
             ext = ext.lower()
             if ext in _LABEL_EXTS or is_image_file(base):
-                parts[ext] = _read(tf, m, where)
+                parts[ext] = _read(tf, m, walk)
         if key is not None:
             yield self._sample(where, shard, key, parts), [tf.offset]
 
