@@ -135,6 +135,10 @@ class Scan:
     labels: np.ndarray
     empty_classes: list[str] = field(default_factory=list)
     ignored: int = 0
+    #: what the images come from, stored in each file's metadata (``writer["source"]``):
+    #: an archive source's digest (:func:`~seqloader.write.extshuffle.source_digest`);
+    #: None for a folder tree, which the plan's fingerprint identifies
+    source: str | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
