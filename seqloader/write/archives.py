@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import _read_label_lines, is_image_file
+from .scan import _read_label_lines, is_header, is_image_file
 
 from .sources import (_LABEL_EXTS, _TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
                       _clean, _open_archive, _read, _stem, _tar_at)
@@ -92,14 +92,21 @@ class TreeTar(TarSource):
         tf = _tar_at(f, sub[0] if sub else 0, where)
         walk = self._walk_of(where)
         strip = None
+        folders: list[list[str]] = []  # folder members seen before ``strip`` is known
         for m in walk.members(tf):
-            name = _clean(m.name)
+            name = _clean(m.name).rstrip("/")
             parts = name.split("/")
+            if m.isdir():  # a class folder, even an empty one (as in the extracted tree)
+                folders.append(parts)
+                if strip is not None:
+                    yield from self._folders(folders, strip, [m.offset])
+                continue
             if not m.isfile() or not is_image_file(parts[-1]) or any(
                     p.startswith(".") for p in parts[1:-1]):
                 continue
             if strip is None:
                 strip = len(parts) >= 3 and parts[0] in (self.split, _stem(self.files[k].name))
+                yield from self._folders(folders, strip, [m.offset])
             if strip:
                 parts = parts[1:]
             if len(parts) < 2:
@@ -107,6 +114,16 @@ class TreeTar(TarSource):
                                  "of a class tree holds class/image paths (for flat images "
                                  "give their labels with --val-labels)")
             yield self._item("/".join(parts), parts[0], tf, m, walk), [tf.offset]
+
+    @staticmethod
+    def _folders(folders: list[list[str]], strip: bool, cursor: list):
+        """The classes of the folder members in ``folders`` (emptied): ``[top/]class``."""
+        for parts in folders:
+            if strip:
+                parts = parts[1:]
+            if len(parts) == 1 and parts[0]:
+                yield ClassSeen(parts[0]), cursor
+        folders.clear()
 
 
 class TarOfTars(TarSource):
@@ -159,11 +176,8 @@ class FlatTar(TarSource):
             raise FileNotFoundError(f"labels file {self.labels_file} does not exist")
         rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
             _TAR_SUFFIXES) else _read_label_lines(self.labels_file))
-        if len(rows) > 1:
-            tok = rows[0][2]  # a header such as "ImageId,PredictionString"
-            if not (tok.isdigit() or (classes is not None and tok in classes)
-                    or any(t == tok for _, _, t in rows[1:])):
-                rows = rows[1:]
+        if rows and is_header(rows[0][1], rows[0][2]):
+            rows = rows[1:]  # a header such as "ImageId,PredictionString"
         self.label_of: dict[str, int | str] = {}
         for lineno, name, tok in rows:
             label: int | str = int(tok) if tok.isdigit() and not (

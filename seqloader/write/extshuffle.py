@@ -34,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .buckets import FRAME as _FRAME, bucket_frames, prepared
-from .scan import Scan
+from .scan import Scan, warn_single_class
 from .sources import ClassSeen, Source, close_files, read_item
 from ..errors import BadImageError
 from .options import WriteOptions, WriteReport
@@ -262,6 +263,14 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
         if hasattr(source, "check_names"):
             source.check_names(names)
         classes, labels = _resolve_labels([r[1] for r in raw], st["classes"], source)
+        if split == "train" and len(classes) == 1 and names:
+            warn_single_class(split, classes[0], names[0], source.root_label())
+        present = set(labels.tolist())
+        empty = [c for i, c in enumerate(classes) if i not in present]
+        if empty:  # (as the folder tree's scan says)
+            warnings.warn(f"{source.root_label()}: {len(empty)} class folder(s) have no images "
+                          f"and keep their labels (ImageFolder allow_empty=True): {empty[:10]}"
+                          f"{' ...' if len(empty) > 10 else ''}", stacklevel=2)
         del raw
         n = len(names)
         if n == 0:
@@ -306,7 +315,6 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
                                         "remove the file, or drop --strict to skip bad files")
                 yield pos, value, extra, warned
 
-        present = set(labels.tolist())
         scan = Scan(source.root_label(), classes, names, labels,
                     [c for i, c in enumerate(classes) if i not in present], source=digest)
         buckets = p1.buckets if in_memory else [scratch / f"bucket-{b:04d}.bin"

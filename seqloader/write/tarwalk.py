@@ -18,14 +18,18 @@ import tarfile
 import zlib
 from typing import Iterator
 
-from ..errors import DamagedArchiveError
+from ..errors import DamagedArchiveError, FormatError
 
-__all__ = ["Walk", "STREAM_ERRORS", "BLOCK"]
+__all__ = ["Walk", "LinkError", "STREAM_ERRORS", "BLOCK"]
 
 BLOCK = 512
 #: What a damaged or cut tar or gzip stream raises while it is read.
 STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, tarfile.TarError)
 _CHUNK = 1 << 20
+
+
+class LinkError(FormatError):
+    """A link inside an archive (read front to back, links are not followed)."""
 
 
 class Walk:
@@ -56,6 +60,13 @@ class Walk:
                 return
             tf.members.clear()
             self.last = m.name
+            if (m.islnk() or m.issym()) and not m.name.rsplit("/", 1)[-1].startswith("."):
+                raise LinkError(
+                    f"{self.where}: member {m.name} is a {'hard' if m.islnk() else 'symbolic'} "
+                    f"link to {m.linkname}; archives are read front to back once and links "
+                    "are not followed (nor skipped: the extracted tree would hold the file): "
+                    "extract the archive and preprocess the folder, or rebuild the archive "
+                    "without links (tar --hard-dereference --dereference)")
             yield m
 
     def check_end(self, tf: tarfile.TarFile) -> None:
