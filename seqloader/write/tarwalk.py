@@ -84,8 +84,9 @@ class Walk:
                         raise self.damaged(start, "this member header is not a valid header "
                                                   "(a damaged header, or the data of a member "
                                                   "cut short before it)")
-                    raise self.damaged(start + at, "bytes other than zeros after the "
-                                                   "end-of-archive blocks")
+                    raise self.damaged(start + at, "data after an end-of-archive block at byte "
+                                                   f"{start:,} (a zeroed member header, or "
+                                                   "something appended to the archive)")
                 zeros += len(chunk)
         except STREAM_ERRORS as e:
             raise self.damaged(start, _reason(e)) from None
@@ -97,6 +98,8 @@ class Walk:
 def _reason(e: BaseException) -> str:
     if isinstance(e, EOFError):
         return "the compressed stream ends early (cut short)"
+    if isinstance(e, tarfile.ReadError) and "unexpected end of data" in str(e):
+        return "the archive ends inside a member's data (cut short)"
     if isinstance(e, gzip.BadGzipFile) and "CRC" in str(e):
         return f"gzip CRC-32 check failed ({e})"
     return f"{type(e).__name__}: {e}"
