@@ -250,7 +250,7 @@ def _restart_markers(db: Database) -> str | None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .write.verify import verify_database
+    from .read.verify import verify_database
 
     splits = path_splits(args.path, args.split)
     named = args.split is None and Path(args.path).is_dir()  # (else the path says which)

@@ -29,9 +29,9 @@ import traceback
 from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
-           "DamagedArchiveError",
-           "NoRecordsError", "BadImageError", "RemoteError", "WorkerError", "RecordError",
-           "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback"]
+           "DamagedArchiveError", "NotFoundError", "OutputExistsError", "NoRecordsError",
+           "BadImageError", "RemoteError", "WorkerError", "RecordError", "WorkerDiedError",
+           "WorkerTimeoutError", "RemoteTraceback"]
 
 
 class SeqloaderError(Exception):
@@ -54,6 +54,17 @@ class EmptyDatabaseError(FormatError):
 class DamagedArchiveError(FormatError):
     """A source archive (tar, gzip, webdataset shard, foreign LMDB) is damaged or cut
     short: the message names the archive, the byte offset and the last member read."""
+
+
+class NotFoundError(SeqloaderError, FileNotFoundError):
+    """What was named does not exist: a database or one of its splits, a source, a dataset
+    folder, a labels file.  The message names the path and what to give instead."""
+
+
+class OutputExistsError(SeqloaderError, FileExistsError):
+    """An output is in the way: it exists and this command did not write it (or wrote it
+    with other settings, or in another layout).  The message says how to proceed
+    (``--overwrite``, the same command as before, or another output)."""
 
 
 class NoRecordsError(SeqloaderError, ValueError):

@@ -23,9 +23,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import NotFoundError
+
 __all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", "is_image_file",
-           "is_header", "warn_single_class",
-           "image_tree_hint"]
+           "image_tree_hint", "read_label_lines", "is_header", "warn_single_class"]
 
 #: torchvision's ``IMG_EXTENSIONS``, compared case-insensitively.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -149,7 +150,7 @@ def scan_class_tree(root: str | Path) -> Scan:
     """Scan ``root/<class>/**/<image>`` (ImageFolder layout)."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+        raise NotFoundError(f"split folder {root} does not exist or is not a folder")
     with os.scandir(root) as it:
         classes = sorted(e.name for e in it if e.is_dir())
     if not classes:
@@ -218,7 +219,7 @@ def warn_single_class(split: str, cls: str, example: str, where: str | Path) -> 
                   stacklevel=3)
 
 
-def _read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
+def read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
     """(line number, file name, class token) for each data line of a labels file (UTF-8,
     with or without a byte-order mark)."""
     try:
@@ -256,15 +257,15 @@ def scan_labelled_folder(root: str | Path, labels_file: str | Path,
     """
     root, labels_file = Path(root), Path(labels_file)
     if not root.is_dir():
-        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+        raise NotFoundError(f"split folder {root} does not exist or is not a folder")
     if not labels_file.is_file():
-        raise FileNotFoundError(f"labels file {labels_file} does not exist")
+        raise NotFoundError(f"labels file {labels_file} does not exist")
     files = sorted(f for f in os.listdir(root) if is_image_file(f) and (root / f).is_file())
     by_name = {f: f for f in files}
     by_stem: dict[str, str] = {}
     for f in files:
         by_stem.setdefault(os.path.splitext(f)[0], f)
-    rows = _read_label_lines(labels_file)
+    rows = read_label_lines(labels_file)
     if rows and rows[0][1] not in by_name and rows[0][1] not in by_stem and is_header(
             rows[0][1], rows[0][2]):
         rows = rows[1:]  # a header line such as "ImageId,PredictionString"

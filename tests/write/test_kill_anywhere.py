@@ -31,14 +31,14 @@ COMMIT_BYTES = 20000
 WRITER = textwrap.dedent("""
     import os, signal, sys, threading, time, warnings
     warnings.simplefilter("ignore")
-    import seqloader.write.shard as w
+    import seqloader.write.shardwriter as w
     real = w.prepare_image
     def slow(*a, **k):
         time.sleep(0.005)
         return real(*a, **k)
     w.prepare_image = slow
     mode, n, delay = sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-    commit, count = w._ShardWriter._commit, [0]
+    commit, count = w.ShardWriter._commit, [0]
     def killing_commit(*a, **k):
         count[0] += 1
         if mode == "commit" and count[0] == n:
@@ -46,7 +46,7 @@ WRITER = textwrap.dedent("""
         commit(*a, **k)
         if mode == "after" and count[0] == n:
             os.killpg(0, signal.SIGKILL)
-    w._ShardWriter._commit = killing_commit
+    w.ShardWriter._commit = killing_commit
     from seqloader import preprocess, WriteOptions
     preprocess(sys.argv[1], sys.argv[2], splits=["train"],
                options=WriteOptions(progress=False, workers=2, commit_bytes=%d, shards=%d))
