@@ -384,9 +384,10 @@ def _already_written(out: Path, split: str, opt: WriteOptions, digest: str
             opt.max_size, opt.restart_markers)
         if same and w.get("source") not in (None, digest):
             raise OutputExistsError(f"{f} already exists and was written from "
-                                  f"{'a folder tree' if w['source'] == 'tree' else 'another'} "
-                                  "source, labels or options than this command's; pass "
-                                  "--overwrite to replace it, or choose another output folder")
+                                    f"{'a folder tree' if w['source'] == 'tree' else 'another'}"
+                                    " source, labels or options than this command's; pass "
+                                    "--overwrite to replace it, or choose another output "
+                                    "folder")
         if not same:
             raise OutputExistsError(f"{f} already exists and was not written by this command "
                                     "(another split, seed or options, or unfinished); pass "
