@@ -12,8 +12,8 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from conftest import (assert_extents_match, raw_items, read_records, resident_fraction,
-                      skip_unless_pages_can_be_dropped)
+from conftest import (assert_digests_match, assert_extents_match, raw_items, read_records,
+                      resident_fraction, skip_unless_pages_can_be_dropped)
 from seqloader import BadImageError, WriteOptions, open_database, preprocess
 from seqloader.write.scan import scan_class_tree
 from seqloader.write.writer import write_split
@@ -332,10 +332,12 @@ def test_interrupted_write_resumes_to_identical_database(synth_tree, tmp_path, s
         assert [x for x in a if x[0] != META_KEY] == [x for x in b if x[0] != META_KEY]
         ma, mb = (open_database(shard_path(d / "ILSVRC-train.lmdb", k, 2)).metas[0]
                   for d in (ref, out))
-        assert (ma.checksum, ma.num_records, ma.fingerprint) == (mb.checksum, mb.num_records,
-                                                                 mb.fingerprint)
-        # the resumed file's extents (the first part found by re-reading it) are right too
+        assert (ma.checksum, ma.num_records, ma.fingerprint, ma.digests) == (
+            mb.checksum, mb.num_records, mb.fingerprint, mb.digests)
+        # the resumed file's extents and digests (the first part found by re-reading it)
+        # are right too
         assert_extents_match(shard_path(out / "ILSVRC-train.lmdb", k, 2))
+        assert_digests_match(shard_path(out / "ILSVRC-train.lmdb", k, 2))
 
 
 KILLED_AFTER_RENAME = textwrap.dedent("""
