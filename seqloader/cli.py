@@ -202,6 +202,7 @@ def _describe(path: str, split: str | None, as_json: bool) -> dict:
         "checksum_algorithm": db.metas[0].checksum_algorithm, "shard_sizes": list(db.shard_sizes),
         "bad_files": sum(len(m.bad_files) for m in db.metas), "created": db.metas[0].created,
         "record_extents": all(bool(m.extents) for m in db.metas),
+        "record_digests": all(bool(m.digests) or not m.num_records for m in db.metas),
         "writer": db.metas[0].writer,
         "restart_markers": _restart_markers(db),
     }
@@ -222,7 +223,11 @@ def _describe(path: str, split: str | None, as_json: bool) -> dict:
           f"  written with: {_writer_options(info['writer'])}\n"
           f"  record extents: " + ("yes (read without B-tree lookups)" if info["record_extents"]
                                    else "no (an older writer: records are found through the "
-                                        "B-tree; re-create the file to get them)"))
+                                        "B-tree; re-create the file to get them)") + "\n"
+          f"  record digests: " + ("yes (each record read over the network is checked)"
+                                   if info["record_digests"] else
+                                   "no (an older writer: records read over the network get "
+                                   "lighter checks; re-create the file to get them)"))
     if info["restart_markers"]:
         print("  restart markers (first record): " + (
             "yes, with a restart index" if info["restart_markers"] == "index" else

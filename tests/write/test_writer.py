@@ -469,7 +469,7 @@ def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
     assert info["complete"] and info["num_records"] > 0 and info["format_version"] == PLAIN_VERSION
     assert info["checksum_algorithm"] == "sha256"
     assert {"classes", "image_bytes", "checksums", "split"} <= set(info)
-    assert info["record_extents"] is True
+    assert info["record_extents"] is True and info["record_digests"] is True
     assert cli(["verify", str(lmdb_dir / "ILSVRC-val.lmdb"), "--no-progress"]) == 0
     # damage one record: verify must name it and fail
     import shutil
@@ -654,6 +654,37 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
         res = verify_database(bad, workers=workers, progress=False)
         assert not res.bad and len(res.problems) == 1, res.problems
         assert "metadata's labels of 1 records (first: record 4) differ" in res.problems[0]
+
+
+def test_digest_table_round_trip_and_verify_checks_it(lmdb_dir, tmp_path):
+    """A local write stores each record's digest (NOTE [ record digests ]) and `seqloader
+    verify` passes; an entry or a table that does not match its records is a problem
+    (the records, and with them the checksum, unchanged)."""
+    import shutil
+
+    from seqloader.format.meta import pack_meta, unpack_meta
+    from seqloader.read.verify import verify_database
+
+    import re
+
+    for split in ("train", "val"):
+        assert_digests_match(lmdb_dir / f"ILSVRC-{split}.lmdb")
+        assert verify_database(lmdb_dir, split, progress=False).ok
+    for change, want in [(lambda d: d[:32] + bytes([d[32] ^ 1]) + d[33:],
+                          r"metadata's digests of 1 records \(first: record 4\) differ"),
+                         (lambda d: d[:-8], "record digests (.*) do not fit its")]:
+        bad = tmp_path / "bad.lmdb"
+        shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
+        env = lmdb.open(str(bad), subdir=False, lock=False)
+        with env.begin(write=True) as txn:
+            meta = unpack_meta(txn.get(META_KEY), where=str(bad))
+            meta.digests = change(meta.digests)
+            txn.put(META_KEY, pack_meta(meta))
+        env.close()
+        for workers in (3, 1):
+            res = verify_database(bad, workers=workers, progress=False)
+            assert not res.bad and len(res.problems) == 1, res.problems
+            assert re.search(want, res.problems[0]), res.problems
 
 
 def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch, capsys):
