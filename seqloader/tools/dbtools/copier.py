@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -35,7 +36,7 @@ from ...format.files import db_name, shard_files, shard_path
 from ...format.keys import META_KEY, encode_key
 from ...format.meta import EXTENT_DTYPE, Meta, file_version, pack_meta
 from ...read.database import file_meta
-from ...read.pages import address, map_base, unmap
+from ...read.pages import PAGE, address, map_base, unmap
 
 __all__ = ["CopyPlan", "write_copy", "relabel", "output_file", "split_outputs"]
 
@@ -161,6 +162,9 @@ class _ShardCopy:
             meta = self._start_meta()
         env = lmdb.open(str(self.partial), subdir=False, map_size=1 << 30, readahead=False,
                         meminit=False, max_dbs=0, lock=True)
+        # extents as records are committed (a resumed file: by a walk at the end)
+        self.ext: list[np.ndarray] | None = [] if meta.num_records == 0 else None
+        self.fd = os.open(self.partial, os.O_RDONLY)
         try:
             self.bar.update(meta.num_records)
             self._write(env, meta, values(start + meta.num_records, stop))
@@ -168,11 +172,12 @@ class _ShardCopy:
                 raise AssertionError(f"{meta.num_records} records for {stop - start} positions")
             if self.plan.labels is not None:
                 meta.labels = self.plan.labels[start:stop].astype("<i4").tobytes()
-            meta.extents = self._extents(env, meta.num_records)
+            meta.extents = self._final_extents(env, meta.num_records)
             meta.complete = True
             self._commit(env, [], meta)
         finally:
             env.close()
+            os.close(self.fd)
         os.replace(self.partial, self.final)
         self.partial.with_name(self.partial.name + "-lock").unlink(missing_ok=True)
         dirfd = os.open(self.final.parent, os.O_RDONLY)
@@ -182,24 +187,40 @@ class _ShardCopy:
             os.close(dirfd)
 
     def _write(self, env: lmdb.Environment, meta: Meta, values: Iterator) -> None:
+        """Append ``values``, committing every ``commit_bytes`` in a background thread
+        (one commit in flight: its copy into LMDB and its fsync overlap the reading and
+        hashing of the next batch; memory ~2 x ``commit_bytes``)."""
         pending: list[tuple[bytes, bytes | memoryview]] = []
         size = 0
-        for value in values:
-            key = encode_key(meta.num_records)
-            meta.checksum = chain_checksum(meta.checksum, key, record_digest(value))
-            meta.num_records += 1
-            meta.image_bytes += len(value)
-            pending.append((key, value))
-            size += len(value)
-            if size >= self.commit_bytes:
-                self._commit(env, pending, meta)
-                self.bar.update(len(pending))
-                pending, size = [], 0
-        self._commit(env, pending, meta)
-        self.bar.update(len(pending))
+        inflight: Future | None = None
+        committer = ThreadPoolExecutor(1, thread_name_prefix="seqloader-copy-commit")
 
-    @staticmethod
-    def _commit(env: lmdb.Environment, pending: list, meta: Meta) -> None:
+        def commit() -> None:
+            nonlocal inflight, pending, size
+            if inflight is not None:
+                inflight.result()
+            snapshot = dataclasses.replace(meta)
+            inflight = committer.submit(self._commit, env, pending, snapshot)
+            inflight.add_done_callback(lambda f, n=len(pending): f.exception() or self.bar.update(n))
+            pending, size = [], 0
+
+        try:
+            for value in values:
+                key = encode_key(meta.num_records)
+                meta.checksum = chain_checksum(meta.checksum, key, record_digest(value))
+                meta.num_records += 1
+                meta.image_bytes += len(value)
+                pending.append((key, value))
+                size += len(value)
+                if size >= self.commit_bytes:
+                    commit()
+            commit()
+        finally:
+            if inflight is not None:
+                inflight.result()  # (a commit in progress completes, atomically, even on Ctrl-C)
+            committer.shutdown()
+
+    def _commit(self, env: lmdb.Environment, pending: list, meta: Meta) -> None:
         meta.next_source = meta.num_records
         while True:
             try:
@@ -207,9 +228,56 @@ class _ShardCopy:
                     for key, value in pending:
                         txn.put(key, value, append=True)
                     txn.put(META_KEY, pack_meta(meta))
-                return
+                break
             except lmdb.MapFullError:
                 env.set_mapsize(env.info()["map_size"] * 2)
+        if pending and self.ext is not None:
+            self._committed(env, [key for key, _ in pending])
+
+    def _locate(self, env: lmdb.Environment, keys: Sequence[bytes]) -> np.ndarray | None:
+        """The extents of committed records (their pages are in the page cache: nothing
+        is read), or None where the map cannot be located (no /proc)."""
+        base = map_base(str(self.partial))
+        if base is None:
+            return None
+        out = np.empty(len(keys), EXTENT_DTYPE)
+        with env.begin(buffers=True) as txn:
+            for j, key in enumerate(keys):
+                value = txn.get(key)
+                out[j] = (address(value) - base, len(value))
+                del value
+        unmap(base, env.info()["map_size"])  # (keeps this process's RSS flat)
+        return out
+
+    def _committed(self, env: lmdb.Environment, keys: list[bytes]) -> None:
+        """After a commit: the new records' extents, then their pages dropped from the
+        page cache -- whole pages inside their span only (NOTE [ drop-behind ] in
+        ``seqloader/write/writer.py``: a copy would otherwise fill the cache with output
+        nobody reads soon, and the kernel's work to reclaim it costs CPU here)."""
+        ext = self._locate(env, keys)
+        if ext is None:
+            self.ext = None
+            return
+        self.ext.append(ext)
+        lo = -(-int(ext["offset"].min()) // PAGE) * PAGE
+        hi = int((ext["offset"] + ext["length"]).max()) // PAGE * PAGE
+        if hi > lo and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+
+    def _final_extents(self, env: lmdb.Environment, n: int) -> bytes:
+        """Every record's extent: those taken at each commit, with values small enough to
+        live in B-tree leaves (which later commits copy elsewhere) looked up again; or,
+        for a resumed file, from a walk of the B-tree."""
+        if self.ext is None:
+            return self._extents(env, n)
+        ext = np.concatenate(self.ext) if self.ext else np.zeros(0, EXTENT_DTYPE)
+        small = np.flatnonzero(ext["length"] <= env.stat()["psize"] // 2)
+        if len(small):
+            again = self._locate(env, [encode_key(int(i)) for i in small])
+            if again is None:  # pragma: no cover - /proc vanished
+                return b""
+            ext[small] = again
+        return ext.tobytes()
 
     def _extents(self, env: lmdb.Environment, n: int) -> bytes:
         """Every record's extent (:data:`~seqloader.format.meta.EXTENT_DTYPE`), from a walk

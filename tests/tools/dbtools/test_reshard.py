@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import read_records
+from conftest import assert_extents_match, read_records
 from seqloader.cli import main as cli
 from seqloader.read.database import open_database
 from seqloader.tools.dbtools import merge, reshard, subset
@@ -46,6 +46,8 @@ def test_reshard_to_m_then_back_gives_identical_records(lmdb_dir, tmp_path):
     assert len(a.metas[0].bad_files) == sum(len(m.bad_files) for m in db3.metas) > 0
     for d in (tmp_path / "m", tmp_path / "back"):
         assert verify_database(d, "train", workers=1, progress=False).ok
+    for p in (*db3.paths, back):
+        assert_extents_match(p)  # taken at each commit, as the writer takes them
 
 
 def test_shard_ids_write_one_range_each_and_rerun_skips_finished(lmdb_dir, tmp_path):
