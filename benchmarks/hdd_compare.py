@@ -122,10 +122,10 @@ class CpuAccount:
 
     @staticmethod
     def _live() -> dict:
-        from seqloader.tools.bench.procs import _cpu_seconds, process_tree
+        from seqloader.tools.bench.machine import cpu_seconds, process_tree
         out = {}
         for pid in process_tree(os.getpid())[1:]:
-            cpu = _cpu_seconds(pid)
+            cpu = cpu_seconds(pid)
             if cpu is not None:
                 out[pid] = cpu
         return out
@@ -199,16 +199,16 @@ def machine(data_dir: str | Path) -> dict:
     import torch
 
     from seqloader import __version__
-    from seqloader.tools.bench.host import _cpu_model, _meminfo, _storage
+    from seqloader.tools.bench.machine import cpu_model, meminfo, storage
 
-    st = _storage(str(data_dir))
+    st = storage(str(data_dir))
     dev = os.path.basename(os.path.realpath(st["device"] or "")) or "vda"
     du = os.statvfs(str(data_dir))
     return {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu_model": _cpu_model(), "cores": os.cpu_count(),
+        "cpu_model": cpu_model(), "cores": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),
-        "mem_total_gib": round(_meminfo().get("MemTotal", 0) / 2**30, 1),
+        "mem_total_gib": round(meminfo().get("MemTotal", 0) / 2**30, 1),
         "kernel": platform.release(), "python": platform.python_version(),
         "torch": torch.__version__, "opencv": cv2.__version__, "numpy": numpy.__version__,
         "lmdb": lmdb.__version__, "seqloader": __version__,
@@ -670,7 +670,7 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
         import numpy as np
 
         from seqloader.tools.bench import imagenet_train_transform
-        from seqloader.tools.bench.data import _db_records, _spread
+        from seqloader.tools.bench.data import db_records, spread
         from seqloader.read.database import open_database
         from seqloader.dataflow.batch import batch_rng
         from seqloader.transforms import compile_fused
@@ -678,7 +678,7 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
         cv2.setNumThreads(1)
         db = open_database(Path(data) / db_dir, "train")
         fused = compile_fused(imagenet_train_transform())
-        vals = _db_records(db, _spread(db.num_records, records))
+        vals = db_records(db, spread(db.num_records, records))
         out = np.empty((256, *fused.out_shape), fused.out_dtype)
         rng = batch_rng(0, 0, 0, 0)
         for i, v in enumerate(vals[:5]):

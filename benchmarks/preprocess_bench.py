@@ -62,16 +62,16 @@ def child(out: str, argv: list[str]) -> int:
     """Run ``seqloader preprocess argv`` in this process; write timings and memory."""
     t_import = time.time()
     from seqloader.cli import main
-    from seqloader.tools.bench.procs import _smaps
+    from seqloader.tools.bench.machine import smaps
 
-    base = _smaps(os.getpid()) or {}
+    base = smaps(os.getpid()) or {}
     t_run = time.time()
     peak = {"rss": 0, "anon": 0, "pss": 0}
     stop = threading.Event()
 
     def sample():
         while not stop.wait(0.1):
-            m = _smaps(os.getpid())
+            m = smaps(os.getpid())
             if m:
                 for k in peak:
                     peak[k] = max(peak[k], m[k])

@@ -296,7 +296,7 @@ if mode == "raw":
 else:
     from seqloader.transforms import decode_rgb
     from seqloader.tools.bench import imagenet_train_transform
-    from seqloader.tools.bench.files import worker_init
+    from seqloader.tools.bench.filesloader import worker_init
     tf = imagenet_train_transform()
     def prep(sample):
         jpg, cls = sample

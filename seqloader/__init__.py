@@ -7,7 +7,7 @@ exception hierarchy (:mod:`seqloader.errors`).  Everything else is imported from
 own module (docs/how-it-works.md has the map).  ``Loader`` needs torch and is
 imported on first use, so the preprocessing CLI starts without loading torch.
 """
-__version__ = "0.2.0"
+from .version import __version__
 
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.reading import LMDBData, LocallyShuffleData

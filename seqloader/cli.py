@@ -180,7 +180,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .write.verify import verify_database
+    from .read.verify import verify_database
 
     splits = path_splits(args.path, args.split)
     named = args.split is None and Path(args.path).is_dir()  # (else the path says which)

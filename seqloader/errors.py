@@ -28,8 +28,8 @@ import traceback
 from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
-           "NoRecordsError", "BadImageError", "RemoteError", "WorkerError", "RecordError",
-           "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback"]
+           "NotFoundError", "OutputExistsError", "NoRecordsError", "BadImageError", "RemoteError",
+           "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback"]
 
 
 class SeqloaderError(Exception):
@@ -47,6 +47,17 @@ class IncompleteError(FormatError):
 class EmptyDatabaseError(FormatError):
     """A complete database with no records (older writers left one when every source
     image of a split was undecodable); nothing can be read from it."""
+
+
+class NotFoundError(SeqloaderError, FileNotFoundError):
+    """What was named does not exist: a database or one of its splits, a source, a dataset
+    folder, a labels file.  The message names the path and what to give instead."""
+
+
+class OutputExistsError(SeqloaderError, FileExistsError):
+    """An output is in the way: it exists and this command did not write it (or wrote it
+    with other settings, or in another layout).  The message says how to proceed
+    (``--overwrite``, the same command as before, or another output)."""
 
 
 class NoRecordsError(SeqloaderError, ValueError):

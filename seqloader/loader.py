@@ -30,7 +30,7 @@ from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
-from .dataflow import targets as _targets  # HOOK [ any targets ]
+from .dataflow import targetregion as _targets  # HOOK [ any targets ]
 from .dataflow.reading import LMDBData, LocallyShuffleData
 from .dataflow.stages import BatchData
 from .dataflow.shuffle import default_warmup
@@ -72,7 +72,7 @@ class Loader(TrainerFacing, Resumable):
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch
-    (NOTE [ target region ] in :mod:`seqloader.dataflow.targets`).  Stored pixels are
+    (NOTE [ target region ] in :mod:`seqloader.dataflow.targetregion`).  Stored pixels are
     not decoded: the transform gets them as stored (NOTE [ stored pixels ]).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training

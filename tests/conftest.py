@@ -194,7 +194,7 @@ def old_empty_database(tmp_path: Path) -> Path:
     from seqloader.write import writer
 
     tree, out = junk_tree(tmp_path / "junk"), tmp_path / "old-empty"
-    with mock.patch.object(writer, "_remove_db", lambda path: None), \
+    with mock.patch.object(writer, "remove_db", lambda path: None), \
             pytest.raises(NoRecordsError):
         preprocess(tree, out, options=WriteOptions(progress=False, workers=1))
     assert (out / "ILSVRC-train.lmdb").is_file()

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import RecordError
 from ..format.pixels import fused_prepare, image_source
-from . import targets as _targets
+from . import targetregion as _targets
 
 __all__ = ["BatchSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
            "callers_rngs_kept", "record_error", "seed_global_rngs"]

@@ -6,15 +6,12 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 from ..read.plan import EpochPlan
-from .batch import slot_views
+from .batch import BatchSpec, slot_views
 
-if TYPE_CHECKING:
-    from .pool import WorkerPool
-
-__all__ = ["Feed", "FeedThread", "Stopped"]
+__all__ = ["Feed", "FeedThread", "SlotPool", "Stopped"]
 
 
 class Stopped(Exception):
@@ -31,13 +28,26 @@ class Feed(Protocol):
     def copy_into(self, value: memoryview, out: memoryview) -> None: ...
 
 
+class SlotPool(Protocol):
+    """What a feed thread fills (the :class:`~seqloader.dataflow.pool.WorkerPool`): shared
+    buffers by slot, and its workers' queues."""
+
+    #: the batch layout of every slot
+    spec: BatchSpec
+    #: the current epoch generation: workers skip batches of older ones
+    generation: int
+
+    def slot_buffer(self, slot: int) -> memoryview: ...
+
+    def submit(self, worker: int, message: tuple) -> None: ...
+
+
 class FeedThread(threading.Thread):
     """Feeds the batches of ``plan`` from ``first`` on, then those of each plan
     :meth:`extend` adds (the next epochs), into free buffers and to their workers.
-    Uses only the pool's public :meth:`~WorkerPool.slot_buffer`, :meth:`~WorkerPool.submit`
-    and :attr:`~WorkerPool.generation`."""
+    Uses only what :class:`SlotPool` declares."""
 
-    def __init__(self, pool: "WorkerPool", feed: Feed, plan: EpochPlan, first: int,
+    def __init__(self, pool: SlotPool, feed: Feed, plan: EpochPlan, first: int,
                  free: "queue.Queue[int]"):
         super().__init__(name="seqloader-reader", daemon=True)
         self.pool, self.feed, self.free = pool, feed, free

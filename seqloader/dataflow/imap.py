@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import RecordError
 from .base import DataFlow, ProxyDataFlow
-from .ordered import _ARENAS, _InArena, _arena_ids, _collect
+from .arena import ARENAS, InArena, arena_ids, collect
 from .procs import ProcessGroup, kill, serve
 from .threads import prepare_worker
 
@@ -48,7 +48,7 @@ def _map_worker(fn: Callable, arena: int | None, min_bytes: int, conn: Any, main
 
     def handle(msg: tuple) -> None:
         _, seq, slot, items = msg
-        buf = _ARENAS[arena][slot] if arena is not None else None
+        buf = ARENAS[arena][slot] if arena is not None else None
         pos, out = 0, []
         for k, x in enumerate(items):
             try:
@@ -71,7 +71,7 @@ def _to_arena(r: tuple, buf: Any, slot: int, pos: int, min_bytes: int) -> tuple[
     for k, v in enumerate(items):
         if type(v) is bytes and min_bytes <= len(v) <= len(buf) - pos:
             buf[pos:pos + len(v)] = v
-            items[k] = _InArena((slot, pos, len(v)))
+            items[k] = InArena((slot, pos, len(v)))
             pos += len(v)
     return tuple(items), pos
 
@@ -144,8 +144,8 @@ class ProcessMap:
             return
         self.close()
         if self.slot_bytes > 0:
-            self.arena = next(_arena_ids)
-            _ARENAS[self.arena] = [mmap.mmap(-1, self.slot_bytes) for _ in range(self.window)]
+            self.arena = next(arena_ids)
+            ARENAS[self.arena] = [mmap.mmap(-1, self.slot_bytes) for _ in range(self.window)]
         self.free = queue.Queue()
         for s in range(self.window):
             self.free.put(s)
@@ -179,7 +179,7 @@ class ProcessMap:
                     raise err.in_worker(w, self.group.pid(w)) from err.remote_cause()
                 out = msg[2]
                 if self.arena is not None:
-                    out = _collect(out, _ARENAS[self.arena])
+                    out = collect(out, ARENAS[self.arena])
                 self.free.put(slot)
                 pos += len(chunk)
                 yield from out
@@ -210,7 +210,7 @@ class ProcessMap:
         """NOTE [ pool shutdown ].  Idempotent."""
         self.group.close(force)
         if self.arena is not None:
-            for m in _ARENAS.pop(self.arena, []):
+            for m in ARENAS.pop(self.arena, []):
                 m.close()
             self.arena = None
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..read.plan import EpochPlan
 from .base import DataFlow, ProxyDataFlow
 from ..errors import FormatError
-from . import targets as _targets
+from . import targetregion as _targets
 from .batch import BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
 
 __all__ = ["MultiProcessMapAndBatchData", "batch_spec"]

@@ -1,11 +1,8 @@
 """A bounded, order-preserving parallel map over threads (:func:`ordered_map`, for
-work that releases the GIL: file reads, hashing), and the shared-memory arena through
-which :class:`~seqloader.dataflow.imap.ProcessMap`'s forked workers return large results.
-"""
+work that releases the GIL: file reads, hashing)."""
 from __future__ import annotations
 
 import collections
-import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -43,36 +40,3 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
         finally:
             for f in pending:
                 f.cancel()
-
-
-class _InArena(tuple):
-    """Where a worker left a large ``bytes`` result: (slot, offset, length) in the arena."""
-
-
-#: arena id -> its slots (shared anonymous mappings).  Set before the workers fork, so
-#: they inherit the mappings: nothing has a name, nothing can leak in /dev/shm.  An
-#: entry lives as long as its map.
-_ARENAS: dict[int, list] = {}
-_arena_ids = itertools.count()
-
-
-def _collect(results: list, slots: list) -> list:
-    """In the parent: replace every :class:`_InArena` by a copy of its bytes."""
-    out = []
-    for r in results:
-        if isinstance(r, tuple) and any(type(v) is _InArena for v in r):
-            r = tuple(slots[v[0]][v[1]:v[1] + v[2]] if type(v) is _InArena else v for v in r)
-        out.append(r)
-    return out
-
-
-# NOTE [ results through shared memory ]
-# A forked worker's results come back pickled through one pipe that the executor's
-# management thread in the parent reads: for ~100 KB of record per image that is
-# four copies (pickle, pipe write, pipe read, unpickle), 64 KB pipe-sized syscalls
-# and GIL time in the parent.  Instead, each chunk is given a slot of a shared
-# anonymous mapping made before the fork: the worker writes the large ``bytes`` of
-# its results there and sends only (slot, offset, length); the parent copies them
-# out (one copy) and reuses the slot.  Measured on the writer's decode check (10,000
-# images, 2 cores): 11 % less wall time when no bytes cross at all; the slots get
-# nearly all of that.  A value larger than what is left of its slot goes by pipe.

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import FormatError
+from ..errors import FormatError, NotFoundError
 
 __all__ = ["db_name", "bad_files_path", "shard_path", "shard_files", "is_shard_name",
            "database_splits", "find_database"]
@@ -104,27 +104,27 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
         if not shards:
             unfinished = sorted(x.name for x in p.glob(f"{glob.escape(stem)}*.lmdb.partial"))
             if unfinished:
-                raise FileNotFoundError(
+                raise NotFoundError(
                     f"split {split!r} in {p} is still being written or was interrupted: "
                     f"{unfinished[0]}{' ...' if len(unfinished) > 1 else ''}; re-run the same "
                     "preprocess_sequential.py command to finish it")
-            raise FileNotFoundError(_not_found(p, split))
+            raise NotFoundError(_not_found(p, split))
         return _check_shard_set(shards)
     if p.is_dir():
         splits = database_splits(p)
         unfinished = sorted(x.name for x in p.glob(f"{db_name('')}?*.lmdb.partial"))
         if not splits and unfinished:
-            raise FileNotFoundError(
+            raise NotFoundError(
                 f"{p} holds no complete database, only unfinished writes: {unfinished[0]}"
                 f"{' ...' if len(unfinished) > 1 else ''}; re-run the same "
                 "preprocess_sequential.py command to finish them")
         if not splits:
-            raise FileNotFoundError(_not_found(p, None))
-        raise FileNotFoundError(f"{p} is a folder holding the split(s) {', '.join(splits)}; "
-                                "name the split too (e.g. 'train'), or pass the .lmdb file itself")
+            raise NotFoundError(_not_found(p, None))
+        raise NotFoundError(f"{p} is a folder holding the split(s) {', '.join(splits)}; "
+                            "name the split too (e.g. 'train'), or pass the .lmdb file itself")
     if not p.exists():
-        raise FileNotFoundError(f"database {p} does not exist. Create it with "
-                                "`python preprocess_sequential.py <imagenet dir> <lmdb dir>`")
+        raise NotFoundError(f"database {p} does not exist. Create it with "
+                            "`python preprocess_sequential.py <imagenet dir> <lmdb dir>`")
     m = _SHARD_RE.match(p.name)
     if m:
         return _check_shard_set(sorted(p.parent.glob(f"{glob.escape(m['stem'])}-?????-of-{m['n']}.lmdb")))

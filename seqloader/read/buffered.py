@@ -49,14 +49,14 @@ import numpy as np
 from .pages import LIBC, PAGE, address, unmap
 from .prefetch import Prefetcher
 from .shard import UNMAP_EVERY, Shard, touch
-from .source import Part
+from .bytesource import Part
 from ..errors import FormatError
 
 __all__ = ["BufferedSource"]
 
 
 class BufferedSource:
-    """A :class:`~seqloader.read.source.ByteSource` through the page cache (NOTE
+    """A :class:`~seqloader.read.bytesource.ByteSource` through the page cache (NOTE
     [ sequential I/O ]) over open :class:`~seqloader.read.shard.Shard` s; ``window``
     bytes of read-ahead (0: none), ``fault_in`` as NOTE [ fault or pread ]."""
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .pages import address
-from .source import Part
+from .bytesource import Part
 
 __all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
            "physical_memory"]
@@ -149,7 +149,7 @@ class DirectStream:
     threads are started on first use; the ring is not inherited by forked children).
     A pass that ends or is closed early waits for (or cancels) its reads in flight, each
     wait bounded by :data:`READ_TIMEOUT`.  The ``direct``
-    :class:`~seqloader.read.source.ByteSource`."""
+    :class:`~seqloader.read.bytesource.ByteSource`."""
 
     name = "direct"
 
@@ -165,7 +165,7 @@ class DirectStream:
         self.read_timeout = READ_TIMEOUT  # longest wait for one block
 
     # The four methods below are what a stream reads with (NOTE [ byte source ] in
-    # :mod:`seqloader.read.source`); a subclass (the remote stream,
+    # :mod:`seqloader.read.bytesource`); a subclass (the remote stream,
     # :mod:`seqloader.read.remote`) replaces them and keeps the
     # ordering, windowing and shutdown of :meth:`read`.  Each runs in a read thread
     # except `_read_alone` and `_failure`.

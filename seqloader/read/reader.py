@@ -1,26 +1,34 @@
 """Sequential, zero-copy reads of record ranges of a database, from a byte source.
 
-A :class:`RangeReader` turns global record ranges into per-file :class:`~seqloader.read.
-source.Part` s -- the records' extents and the byte spans that hold them -- and reads them
-with one :class:`~seqloader.read.source.ByteSource` (NOTE [ byte source ]): buffered
+A :class:`RangeReader` turns global record ranges into per-file
+:class:`~seqloader.read.bytesource.Part` s -- the records' extents and the byte spans that
+hold them -- and reads them with one :class:`~seqloader.read.bytesource.ByteSource` (NOTE [ byte source ]): buffered
 (NOTE [ sequential I/O ] in :mod:`seqloader.read.buffered`), direct I/O (NOTE [ direct
 I/O ] in :mod:`seqloader.read.direct`) or remote (NOTE [ remote reading ]).
 """
 from __future__ import annotations
 
 import bisect
-from typing import Iterator, Sequence
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from .database import Database, check_identity
+from .buffered import BufferedSource
+from . import direct
 from .direct import choose
 from .raw import encoded, unmap_file
 from .shard import RemoteShard, Shard
-from .source import ByteSource, Part, open_source
+from .bytesource import ByteSource, Part
+from ..errors import FormatError
 from ..format.meta import EXTENT_DTYPE
 
-__all__ = ["RangeReader"]
+if TYPE_CHECKING:
+    from .remote import RemoteSource
+
+__all__ = ["RangeReader", "open_byte_source"]
 
 
 
@@ -71,7 +79,7 @@ class RangeReader:
                     for sh in shards:
                         sh.close()
                     raise
-            self._source = open_source(shards, io=self.io, total_bytes=self.db.file_bytes,
+            self._source = open_byte_source(shards, io=self.io, total_bytes=self.db.file_bytes,
                                        window=self.prefetch_bytes, fault_in=self.fault_in,
                                        remote=remote)
             self._shards = shards
@@ -185,3 +193,46 @@ class RangeReader:
             raise RuntimeError("a RangeReader that has been used cannot be pickled or forked; "
                                "create it in the parent and use it only in the worker")
         return self.__dict__.copy()
+
+
+def open_byte_source(shards: Sequence[Any], *, io: str, total_bytes: int, window: int,
+                     fault_in: bool, remote: "RemoteSource | None" = None) -> ByteSource:
+    """The source for ``shards`` (:class:`~seqloader.read.shard.Shard` s): remote for a
+    remote database; direct I/O when :func:`~seqloader.read.direct.choose` says so and
+    every file has record extents on a file system with ``O_DIRECT`` (else buffered,
+    with a warning when ``io="direct"`` was asked for); buffered otherwise.  ``window``
+    is the read-ahead in bytes, ``fault_in`` as for the reader."""
+    if remote is not None:
+        from .remote import RemoteStream
+
+        return RemoteStream(remote, window)
+    if direct.choose(io, total_bytes):
+        why = _open_direct(shards)
+        if why is None:
+            return direct.DirectStream(window)
+        if io == "direct":
+            warnings.warn(f"io='direct': {why}; reading through the page cache instead",
+                          stacklevel=5)
+    return BufferedSource(shards, window, fault_in)
+
+
+def _open_direct(shards: Sequence[Any]) -> str | None:
+    """Open every shard for direct I/O (``shard.fd_direct``); None when done, else why
+    not (then none is open)."""
+    why = next((f"{sh.path} has no record extents (an older file)" for sh in shards
+                if sh.extents is None), None)
+    for sh in shards:
+        if why is not None:
+            break
+        sh.fd_direct = direct.open_direct(sh.path)
+        if sh.fd_direct is None:
+            why = f"the file system of {sh.path} does not support O_DIRECT"
+        elif not os.path.samestat(os.fstat(sh.fd_direct), os.fstat(sh.fd)):
+            for s in shards:
+                s.close_direct()
+            raise FormatError(f"{sh.path} was replaced while it was being opened; "
+                              "open it again: create a new Loader/reader")
+    if why is not None:
+        for sh in shards:
+            sh.close_direct()
+    return why

@@ -33,13 +33,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import RemoteError
+from ..errors import NotFoundError, RemoteError
 from .httprange import RangeIgnoredError, direct_url, get_into
 from .direct import DirectStream
-from .source import Part
+from .bytesource import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
-           "RemoteStream", "is_url", "safe_url", "with_timeout"]
+           "RemoteStream", "filesystem", "is_url", "safe_url", "stat_remote", "with_timeout"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _BACKOFF_MAX = 5.0
@@ -104,7 +104,7 @@ def with_timeout(options: RemoteOptions | None, timeout: float) -> RemoteOptions
 _FS: dict[tuple, tuple[Any, str]] = {}  # (pid, url, options) -> (filesystem, path)
 
 
-def _filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
+def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path of ``url``, made once per process."""
     key = (os.getpid(), url, repr(sorted(options.storage_options.items())))
     if key not in _FS:
@@ -128,7 +128,7 @@ def _plain(f: "RemoteFile") -> str | None:
     ranged GETs ] in :mod:`seqloader.read.httprange`)."""
     key = (os.getpid(), f.url, repr(sorted(f.options.storage_options.items())))
     if key not in _PLAIN:
-        fs, path = _filesystem(f.url, f.options)
+        fs, path = filesystem(f.url, f.options)
         version = fs.split_path(path)[2] if hasattr(fs, "split_path") else None
         _PLAIN[key] = None if version else direct_url(f.url, fs, path,
                                                       bool(f.options.storage_options))
@@ -202,7 +202,7 @@ class RemoteFile:
 
     def _get(self, start: int, end: int) -> bytes:
         """One GET, cancelled after ``timeout`` seconds."""
-        fs, path = _filesystem(self.url, self.options)
+        fs, path = filesystem(self.url, self.options)
         timeout = self.options.timeout
         if not getattr(fs, "async_impl", False):
             return fs.cat_file(path, start=start, end=end)
@@ -217,7 +217,7 @@ class RemoteFile:
 
     def check_unchanged(self) -> None:
         """Compare the file's size and ETag now with those at opening (one HEAD)."""
-        current = _stat(self.url, self.options)
+        current = stat_remote(self.url, self.options)
         if current.size != self.size or (self.etag and current.etag and current.etag != self.etag):
             raise self._changed(0, self.size)
 
@@ -294,13 +294,13 @@ class RemoteSource:
     options: RemoteOptions
 
 
-def _stat(url: str, options: RemoteOptions) -> RemoteFile:
-    fs, path = _filesystem(url, options)
+def stat_remote(url: str, options: RemoteOptions) -> RemoteFile:
+    fs, path = filesystem(url, options)
     try:
         fs.invalidate_cache(path)  # (fsspec may answer from a listing it cached earlier)
         info = fs.info(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"database {safe_url(url)} does not exist") from None
+        raise NotFoundError(f"database {safe_url(url)} does not exist") from None
     except Exception as e:  # noqa: BLE001 - named, credentials removed
         if _classify(e) == "permanent":
             raise RemoteError(f"{safe_url(url)}: {_describe(e, url)}") from None
@@ -322,7 +322,7 @@ class RemoteStream(DirectStream):
     memoryview of its own bytes, fetched as ranged GETs of ``block`` bytes, ``depth``
     in flight, ``window`` bytes at most held (NOTE [ remote reading ]); through the
     block cache when ``options.cache_dir`` is set.  The ``remote``
-    :class:`~seqloader.read.source.ByteSource`."""
+    :class:`~seqloader.read.bytesource.ByteSource`."""
 
     name = "remote"
 
@@ -374,6 +374,6 @@ class RemoteStream(DirectStream):
 
 
 def _if_match_capable(f: RemoteFile) -> bool:
-    fs, _ = _filesystem(f.url, f.options)
+    fs, _ = filesystem(f.url, f.options)
     return f.etag is not None and (hasattr(fs, "_call_s3") or "http" in _protocols(fs))
 

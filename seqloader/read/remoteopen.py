@@ -27,11 +27,11 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import FormatError
+from ..errors import FormatError, NotFoundError
 from ..format.files import db_name
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
-from .remote import RemoteFile, RemoteOptions, RemoteSource, _filesystem, _stat, safe_url
+from .remote import RemoteFile, RemoteOptions, RemoteSource, filesystem, safe_url, stat_remote
 
 __all__ = ["locate_remote", "open_remote"]
 
@@ -42,7 +42,7 @@ _THREADS = 64
 
 
 def _exists(url: str, options: RemoteOptions) -> bool:
-    fs, path = _filesystem(url, options)
+    fs, path = filesystem(url, options)
     try:
         return bool(fs.exists(path))
     except Exception:  # noqa: BLE001 - treated as absent; the error comes later
@@ -52,7 +52,7 @@ def _exists(url: str, options: RemoteOptions) -> bool:
 def _listing(folder: str, options: RemoteOptions) -> dict[str, RemoteFile | None] | None:
     """The files directly in ``folder`` (a URL) by name, each a :class:`RemoteFile` when
     the listing gave its size and ETag, else None; None when there is no listing."""
-    fs, path = _filesystem(folder, options)
+    fs, path = filesystem(folder, options)
     try:
         fs.invalidate_cache(path)  # (a listing cached by fsspec may predate a rewrite)
         entries = fs.ls(path, detail=True)
@@ -92,8 +92,8 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
         urls = [f"{base}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
         return _located(urls, _listing(base, options) if n > 1 else None)
     if split is None:
-        raise FileNotFoundError(f"{safe_url(url)} is a folder; name the split too (e.g. 'train'), "
-                                "or pass the .lmdb file's URL")
+        raise NotFoundError(f"{safe_url(url)} is a folder; name the split too (e.g. 'train'), "
+                            "or pass the .lmdb file's URL")
     folder = url.rstrip("/")
     single = f"{db_name(split)}.lmdb"
     listed = _listing(folder, options)
@@ -102,7 +102,7 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     if single in names or (not shards and _exists(f"{folder}/{single}", options)):
         return _located([f"{folder}/{single}"], listed)
     if not shards:
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"no database for split {split!r} at {safe_url(folder)}: looked for "
             f"{single} or a listing with {db_name(split)}-NNNNN-of-NNNNN.lmdb "
             "(an HTTP server may not list folders: pass the URL of the .lmdb file or of "
@@ -147,7 +147,7 @@ def open_remote(url: str, split: str | None, options: RemoteOptions, *,
     urls, known = locate_remote(url, split, options)
     with ThreadPoolExecutor(min(_THREADS, 2 * len(urls)),
                             thread_name_prefix="seqloader-open") as pool:
-        files = list(pool.map(lambda u: known.get(u) or _stat(u, options), urls))
+        files = list(pool.map(lambda u: known.get(u) or stat_remote(u, options), urls))
         ranges = [_Ranges(f) for f in files]
         for job in [pool.submit(r.fetch, a, b) for r in ranges for a, b in r.ahead()]:
             job.result()

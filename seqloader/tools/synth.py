@@ -46,6 +46,7 @@ import cv2
 import numpy as np
 
 from .synth_draw import SIZES, draw_size, make_image
+from ..errors import OutputExistsError
 
 __all__ = ["SynthReport", "make_synthetic_imagenet"]
 
@@ -286,8 +287,8 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
     for split, _ in splits:
         d = root_p / split
         if d.exists() and any(d.iterdir()):
-            raise FileExistsError(f"{d} is not empty; delete it or choose another root "
-                                  "(make_synthetic_imagenet never overwrites a dataset)")
+            raise OutputExistsError(f"{d} is not empty; delete it or choose another root "
+                                    "(make_synthetic_imagenet never overwrites a dataset)")
     names = _wnids(seed, classes)
 
     # --- plan every file (deterministic order)

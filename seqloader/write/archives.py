@@ -12,10 +12,11 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import _read_label_lines, is_image_file
+from .scan import read_label_lines, is_image_file
 
-from .sources import (_LABEL_EXTS, _TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
-                      _clean, _members, _open_archive, _read, _stem, _tar_at)
+from .sources import (LABEL_EXTS, TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
+                      clean_name, tar_members, open_archive, read_member, tar_stem, tar_at)
+from ..errors import NotFoundError
 
 __all__ = ["TarSource", "TreeTar", "TarOfTars", "FlatTar", "WebDataset"]
 
@@ -31,7 +32,7 @@ class TarSource(Source):
         self._pos = sum(self._file_sizes[:start_file])
         for k in range(start_file, len(self.files)):
             path = self.files[k]
-            f, raw = _open_archive(path)
+            f, raw = open_archive(path)
             self._direct = None if isinstance(f, gzip.GzipFile) else str(path)
             base = sum(self._file_sizes[:k])
             try:
@@ -60,7 +61,7 @@ class TarSource(Source):
         stored as is at ``base + m.offset_data`` of the file, else read now."""
         if self._direct is not None and base is not None and m.sparse is None:
             return Item(name, label, None, (self._direct, base + m.offset_data, m.size))
-        return Item(name, label, _read(tf, m, where))
+        return Item(name, label, read_member(tf, m, where))
 
 
 class TreeTar(TarSource):
@@ -74,16 +75,16 @@ class TreeTar(TarSource):
         self.split = split
 
     def _file_events(self, k, f, sub, where):
-        tf = _tar_at(f, sub[0] if sub else 0, where)
+        tf = tar_at(f, sub[0] if sub else 0, where)
         strip = None
-        for m in _members(tf, where):
-            name = _clean(m.name)
+        for m in tar_members(tf, where):
+            name = clean_name(m.name)
             parts = name.split("/")
             if not m.isfile() or not is_image_file(parts[-1]) or any(
                     p.startswith(".") for p in parts[1:-1]):
                 continue
             if strip is None:
-                strip = len(parts) >= 3 and parts[0] in (self.split, _stem(self.files[k].name))
+                strip = len(parts) >= 3 and parts[0] in (self.split, tar_stem(self.files[k].name))
             if strip:
                 parts = parts[1:]
             if len(parts) < 2:
@@ -100,12 +101,12 @@ class TarOfTars(TarSource):
     kind = "tar-of-tars"
 
     def _file_events(self, k, f, sub, where):
-        outer = _tar_at(f, sub[0] if sub else 0, where)
+        outer = tar_at(f, sub[0] if sub else 0, where)
         resume = sub[1] if len(sub) > 1 else None  # inside the inner tar at sub[0]
-        for m in _members(outer, where):
-            if not m.isfile() or not m.name.lower().endswith(_TAR_SUFFIXES):
+        for m in tar_members(outer, where):
+            if not m.isfile() or not m.name.lower().endswith(TAR_SUFFIXES):
                 continue
-            cls = _stem(_clean(m.name))
+            cls = tar_stem(clean_name(m.name))
             after = outer.offset
             if resume is None:
                 start = 0
@@ -116,9 +117,9 @@ class TarOfTars(TarSource):
             inner, base = outer.extractfile(m), m.offset_data
             if m.name.lower().endswith((".gz", ".tgz")) or m.sparse is not None:
                 inner, base = gzip.GzipFile(fileobj=inner, mode="rb"), None
-            tf = _tar_at(inner, start, inner_where)
-            for im in _members(tf, inner_where):
-                name = _clean(im.name).rsplit("/", 1)[-1]
+            tf = tar_at(inner, start, inner_where)
+            for im in tar_members(tf, inner_where):
+                name = clean_name(im.name).rsplit("/", 1)[-1]
                 if im.isfile() and is_image_file(name):
                     yield (self._item(f"{cls}/{name}", cls, tf, im, inner_where, base),
                            [m.offset, tf.offset])
@@ -137,9 +138,9 @@ class FlatTar(TarSource):
         super().__init__(files, classes=classes)
         self.labels_file = Path(labels_file)
         if not self.labels_file.is_file():
-            raise FileNotFoundError(f"labels file {self.labels_file} does not exist")
+            raise NotFoundError(f"labels file {self.labels_file} does not exist")
         rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
-            _TAR_SUFFIXES) else _read_label_lines(self.labels_file))
+            TAR_SUFFIXES) else read_label_lines(self.labels_file))
         if len(rows) > 1:
             tok = rows[0][2]  # a header such as "ImageId,PredictionString"
             if not (tok.isdigit() or (classes is not None and tok in classes)
@@ -171,9 +172,9 @@ class FlatTar(TarSource):
         return super().identity() + digest
 
     def _file_events(self, k, f, sub, where):
-        tf = _tar_at(f, sub[0] if sub else 0, where)
-        for m in _members(tf, where):
-            name = _clean(m.name)
+        tf = tar_at(f, sub[0] if sub else 0, where)
+        for m in tar_members(tf, where):
+            name = clean_name(m.name)
             base = name.rsplit("/", 1)[-1]
             if not m.isfile() or not is_image_file(base):
                 continue
@@ -217,13 +218,13 @@ class WebDataset(TarSource):
     kind = "webdataset"
 
     def _file_events(self, k, f, sub, where):
-        tf = _tar_at(f, sub[0] if sub else 0, where)
-        shard = _stem(self.files[k].name)
+        tf = tar_at(f, sub[0] if sub else 0, where)
+        shard = tar_stem(self.files[k].name)
         key, parts = None, {}
-        for m in _members(tf, where):
+        for m in tar_members(tf, where):
             if not m.isfile():
                 continue
-            name = _clean(m.name)
+            name = clean_name(m.name)
             d, _, base = name.rpartition("/")
             mkey, _, ext = base.partition(".")
             mkey = f"{d}/{mkey}" if d else mkey
@@ -232,13 +233,13 @@ class WebDataset(TarSource):
                     yield self._sample(where, shard, key, parts), [m.offset]
                 key, parts = mkey, {}
             ext = ext.lower()
-            if ext in _LABEL_EXTS or is_image_file(base):
-                parts[ext] = _read(tf, m, where)
+            if ext in LABEL_EXTS or is_image_file(base):
+                parts[ext] = read_member(tf, m, where)
         if key is not None:
             yield self._sample(where, shard, key, parts), [tf.offset]
 
     def _sample(self, where: str, shard: str, key: str, parts: dict) -> Item:
-        images = [e for e in parts if e not in _LABEL_EXTS]
+        images = [e for e in parts if e not in LABEL_EXTS]
         if len(images) != 1:
             raise ValueError(f"{where}: sample {key!r} has {len(images)} images "
                              f"({sorted(parts)}); expected one key.jpg (or .png, ...)")

@@ -2,7 +2,7 @@
 
 NOTE [ checks in pass 2 ]
 Pass 1 only moves bytes (source -> bucket frames, sequential reads and writes); every
-image is prepared (decode check, repairs, re-encoding, packing: :func:`~seqloader.write.shard.prepare_record`)
+image is prepared (decode check, repairs, re-encoding, packing: :func:`~seqloader.write.shardwriter.prepare_record`)
 in pass 2, as the folder-tree path prepares its files: in the writer's process pool,
 overlapped with the writing.  So pass 1 runs at the disk's pace and the CPU-bound
 checks overlap pass 2's reading and writing instead of standing alone in pass 1; and a
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..dataflow.imap import process_map
 from .options import WriteOptions
-from .shard import prepare_record
+from .shardwriter import prepare_record
 from .sources import read_at
 
 __all__ = ["FRAME", "bucket_frames", "prepared"]
@@ -66,7 +66,7 @@ def bucket_frames(f, limit: int, path: Path | None) -> list[tuple[int, int, int,
 def _prepare_at(item: tuple) -> tuple:
     """In a worker (or this process): ``(pos, src, record value, digest, warning)``, or
     ``(pos, src, None, reason, None)`` for a bad image, for the frame at ``item = (pos,
-    src, bucket, offset, size)``: :func:`~seqloader.write.shard.prepare_record`, here, off
+    src, bucket, offset, size)``: :func:`~seqloader.write.shardwriter.prepare_record`, here, off
     the writing process."""
     pos, src, b, off, n = item
     bucket = _BUCKETS[b]

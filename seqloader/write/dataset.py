@@ -43,12 +43,12 @@ from ..format.keys import encode_key
 from ..format.meta import file_version
 from ..format.checksum import record_digest
 from ..format.targets import is_class_label
-from .files import _remove_db, _report_path
+from .outfiles import remove_db, report_path
 from .samples import SampleOptions, prepare_sample
-from .shard import _existing, _ShardWriter
-from ..errors import BadImageError, NoRecordsError
+from .shardwriter import existing_result, ShardWriter
+from ..errors import BadImageError, NoRecordsError, OutputExistsError
 from .options import ShardResult, WriteOptions, WriteReport, write_order
-from .writer import _no_records
+from .writer import no_records_message
 
 __all__ = ["write_dataset"]
 
@@ -96,7 +96,7 @@ def _prepare_item(pos_sample: tuple[int, Any]) -> tuple:
     return (pos, *prepare_sample(sample, f"sample {pos}", _CTX["opt"]))
 
 
-class _DatasetWriter(_ShardWriter):
+class _DatasetWriter(ShardWriter):
     """The shard writer fed by a dataset (or a spill file) instead of image files."""
 
     def __init__(self, fetch: Any, n: int, split: str, order: np.ndarray, final: Path,
@@ -240,7 +240,7 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                        commit_bytes=commit_bytes)
     final = _out_file(out, split)
     if final.exists() and not overwrite and not final.is_file():
-        raise FileExistsError(f"{final} is not a file; choose another output")
+        raise OutputExistsError(f"{final} is not a file; choose another output")
     cls = list(classes) if classes is not None else None
     if cls is None and isinstance(getattr(dataset, "classes", None), (list, tuple)) \
             and all(isinstance(c, str) for c in dataset.classes):
@@ -304,20 +304,20 @@ def _run(writer: _DatasetWriter, final: Path, fp: str, opt: WriteOptions, split:
     report = WriteReport(split)
     partial = final.with_name(final.name + ".partial")
     if final.exists() and not opt.overwrite:
-        report.shards.append(_existing(final, fp, writer.scan, opt))
+        report.shards.append(existing_result(final, fp, writer.scan, opt))
         return report
     try:
         result: ShardResult = writer.run(0, len(writer.order))
     except BadImageError:
-        _remove_db(partial)
+        remove_db(partial)
         raise
     report.shards.append(result)
     if result.num_records == 0:  # NOTE [ no records, no database ]
-        _remove_db(result.path)
-        raise NoRecordsError(_no_records(report, split))
+        remove_db(result.path)
+        raise NoRecordsError(no_records_message(report, split))
     if result.bad_files or result.warned_files:
         import warnings
         warnings.warn(f"{split}: {len(result.bad_files)} sample(s) skipped, "
                       f"{len(result.warned_files)} stored with a decoder warning; see "
-                      f"{_report_path(final)}", stacklevel=3)
+                      f"{report_path(final)}", stacklevel=3)
     return report

@@ -45,7 +45,7 @@ from tqdm import tqdm
 from .buckets import FRAME as _FRAME, bucket_frames, prepared
 from .scan import Scan
 from .sources import ClassSeen, Source, close_files, read_item
-from ..errors import BadImageError
+from ..errors import BadImageError, OutputExistsError
 from .options import WriteOptions, WriteReport
 from .writer import write_split
 
@@ -95,7 +95,7 @@ class _Pass1:
         state_path = scratch / "state.json"
         self.state = json.loads(state_path.read_text()) if state_path.exists() else None
         if self.state is not None and self.state["plan"] != self.plan:
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"{scratch} holds an unfinished first pass of another command (other source "
                 "files, seed, options or --memory-budget); re-run that command to finish it, "
                 "or pass --overwrite to discard it")
@@ -345,13 +345,13 @@ def _already_written(out: Path, split: str, opt: WriteOptions
             split, opt.shuffle, opt.seed if opt.shuffle else None, opt.shards, opt.verify,
             opt.max_size, opt.restart_markers)
         if not same:
-            raise FileExistsError(f"{f} already exists and was not written by this command "
-                                  "(another split, seed or options, or unfinished); pass "
-                                  "--overwrite to replace it, or choose another output folder")
+            raise OutputExistsError(f"{f} already exists and was not written by this command "
+                                    "(another split, seed or options, or unfinished); pass "
+                                    "--overwrite to replace it, or choose another output folder")
         if opt.strict and meta.bad_files:
-            raise FileExistsError(f"{f} was written without --strict and skipped "
-                                  f"{len(meta.bad_files)} bad file(s); pass --overwrite to write "
-                                  "it again with --strict, or run without --strict to accept it")
+            raise OutputExistsError(f"{f} was written without --strict and skipped "
+                                    f"{len(meta.bad_files)} bad file(s); pass --overwrite to write "
+                                    "it again with --strict, or run without --strict to accept it")
         classes = meta.classes
         report.shards.append(ShardResult(f, meta.num_records, meta.image_bytes, meta.bad_files,
                                          0.0, skipped=True))

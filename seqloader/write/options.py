@@ -15,7 +15,8 @@ from ..format.meta import IMAGE_FORMATS, PLAIN_VERSION, Meta
 from .prepare import JPEGTRAN_HELP
 from .scan import Scan
 
-__all__ = ['WriteOptions', 'ShardResult', 'WriteReport', 'stored_pixels', 'write_order', 'stored_name']
+__all__ = ["WriteOptions", "ShardResult", "WriteReport", "stored_pixels", "write_order", "stored_name",
+           "scan_fingerprint", "what_differs"]
 
 
 @dataclass
@@ -124,7 +125,7 @@ def write_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
 
 
 
-def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -> str:
+def scan_fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -> str:
     h = hashlib.blake2b(digest_size=16)
     # quality shapes every re-encoded record (CMYK, PNG-as-JPEG, ... even without
     # max_size); outside max_size it is added only where it is not the default, so the
@@ -139,7 +140,7 @@ def _fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOptions) -
     return h.hexdigest()
 
 
-def _what_differs(meta: Meta, scan: Scan, opt: WriteOptions) -> str:
+def what_differs(meta: Meta, scan: Scan, opt: WriteOptions) -> str:
     """In words, how the command that wrote ``meta`` differs from this one, as far as the
     metadata records it; else that the source images differ."""
     w = meta.writer or {}

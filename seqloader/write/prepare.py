@@ -40,58 +40,11 @@ import cv2
 import numpy as np
 
 from ..format.decoders import check_jpeg, clean_jpeg_header, decode_any, imdecode_checked
+from ..format.imagecheck import FULL_FLAGS, TRUNCATED, has_jpeg_end, sniff_format
 from ..format.jpeg import add_restart_index, jpeg_frame, jpeg_info, jpeg_scan, restart_grid
 
-__all__ = ["Prepared", "prepare_image", "check_stored", "sniff_format", "decode_bgr",
-           "restart_blocks", "add_restart_markers", "JPEGTRAN_HELP"]
-
-#: File signatures of the containers OpenCV or Pillow decode (the name is what
-#: ``reencoded`` says for a non-JPEG; a file whose signature is unknown is still
-#: offered to both decoders).
-_MAGIC = [
-    (b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"), (b"BM", "bmp"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
-    (b"II+\x00", "bigtiff"), (b"MM\x00+", "bigtiff"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jp2"), (b"\xff\x4f\xff\x51", "j2k"),
-    (b"#?RADIANCE", "hdr"), (b"#?RGBE", "hdr"), (b"\x59\xa6\x6a\x95", "sunraster"),
-    (b"v/1\x01", "exr"), (b"PF\n", "pfm"), (b"Pf\n", "pfm"), (b"P7", "pam"),
-]
-#: ISO base media (``....ftyp<brand>``) brands of still images: AVIF and HEIF.
-_FTYP = {b"avif": "avif", b"avis": "avif", b"heic": "heif", b"heix": "heif", b"mif1": "heif",
-         b"msf1": "heif"}
-
-
-def sniff_format(data: bytes) -> str:
-    """The container format from the first bytes: 'jpeg', 'png', 'webp', 'bigtiff',
-    'jp2', ... or 'unknown'."""
-    for magic, name in _MAGIC:
-        if data.startswith(magic):
-            return name
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data[4:8] == b"ftyp" and bytes(data[8:12]) in _FTYP:
-        return _FTYP[bytes(data[8:12])]
-    if data[:2] in (b"P1", b"P2", b"P3", b"P4", b"P5", b"P6"):
-        return "pnm"
-    return "unknown"
-
-
-def _has_jpeg_end(data: bytes) -> bool:
-    """True if the JPEG ends with an EOI marker (allowing trailing padding).
-
-    libjpeg decodes a truncated file to a grey-filled image with only a warning, so
-    a successful ``imdecode`` does not prove the file is whole.
-    """
-    tail = data[-4096:].rstrip(b"\x00\r\n \t")
-    if tail.endswith(b"\xff\xd9"):
-        return True
-    # data after the EOI (camera trailers, a second picture): an EOI after the first
-    # scan starts -- entropy-coded data cannot hold one; an EXIF thumbnail's EOI sits
-    # before the scan and does not count
-    frame = jpeg_frame(data)
-    scan = None if frame is None else jpeg_scan(data, frame)
-    return scan is not None and bytes(data).find(b"\xff\xd9", scan.offset) >= 0
-
+__all__ = ["Prepared", "prepare_image", "decode_bgr",
+           "restart_blocks", "add_restart_markers", "encode_jpeg", "shrink", "JPEGTRAN_HELP"]
 
 def decode_bgr(data: bytes | memoryview | np.ndarray, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
     """Decode to HWC uint8 **BGR** (OpenCV order), quietly (NOTE [ decoder chatter ] in
@@ -153,7 +106,7 @@ def add_restart_markers(data: bytes) -> bytes:
     return add_restart_index(r.stdout)
 
 
-def _encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
+def encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
     params = [cv2.IMWRITE_JPEG_QUALITY, int(quality), cv2.IMWRITE_JPEG_OPTIMIZE, 1]
     if restart:  # OpenCV writes 4:2:0: MCUs of 16 x 16 px
         params += [cv2.IMWRITE_JPEG_RST_INTERVAL, restart_blocks(-(-bgr.shape[1] // 16))]
@@ -163,7 +116,7 @@ def _encode_jpeg(bgr: np.ndarray, quality: int, restart: bool = False) -> bytes:
     return add_restart_index(buf.tobytes()) if restart else buf.tobytes()
 
 
-def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
+def shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
     h, w = bgr.shape[:2]
     scale = max_size / min(h, w)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
@@ -196,35 +149,6 @@ def _shrink(bgr: np.ndarray, max_size: int) -> np.ndarray:
 #: Warning for a JPEG whose header had junk between its segments, dropped without a decode.
 _JUNK = "Corrupt JPEG data: extraneous bytes between the header's markers (removed)"
 
-_CHECK_FLAGS = cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_IGNORE_ORIENTATION
-#: A full decode, for re-encoding: EXIF orientation ignored, as for the images stored as they
-#: are and by PIL (torchvision's loader), so a re-encoded image keeps its SOF's rows x columns.
-_FULL_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION
-
-
-_TRUNCATED = "truncated JPEG (no end-of-image marker)"
-
-
-def check_stored(data: bytes) -> str | None:
-    """Why the stored image ``data`` would not decode, or None if it does: a JPEG must
-    end with EOI and decode at 1/8 scale -- with a warning is fine, a writer with
-    ``verify=False`` may store such files -- anything else must decode in full.
-    Silent (NOTE [ decoder chatter ] in ``decoders.py``).  Pure and fork-safe."""
-    if not data:
-        return "empty image"
-    fmt = sniff_format(data)
-    if fmt == "jpeg":
-        if not _has_jpeg_end(data):
-            return _TRUNCATED
-        ok, why = check_jpeg(data)
-        if ok:
-            return None
-        img, text = imdecode_checked(np.frombuffer(data, np.uint8), _CHECK_FLAGS, fmt)
-        return None if img is not None else text
-    img, why = imdecode_checked(np.frombuffer(data, np.uint8), _FULL_FLAGS, fmt)
-    return None if img is not None else why
-
-
 def _joined(*warnings: str | None) -> str | None:
     """Warnings as one line, each message once."""
     seen = dict.fromkeys(m for w in warnings if w for m in w.split("; ") if m)
@@ -242,9 +166,9 @@ def _reencoded(data: bytes, reason: str | None, *, max_size: int | None, quality
         return Prepared(None, error=error or text)
     warning = _joined(warning, text)
     if max_size is not None and min(bgr.shape[:2]) > max_size:
-        return Prepared(_encode_jpeg(_shrink(bgr, max_size), quality, restart), "resized",
+        return Prepared(encode_jpeg(shrink(bgr, max_size), quality, restart), "resized",
                         warning=warning)
-    return Prepared(_encode_jpeg(bgr, quality, restart), reason or fmt, warning=warning)
+    return Prepared(encode_jpeg(bgr, quality, restart), reason or fmt, warning=warning)
 
 
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
@@ -287,9 +211,9 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     if info[2] not in (1, 3):
         return _reencoded(data, "repaired", **opts, warning=warning,
                           error=f"JPEG with {info[2]} colour components")
-    if verify and not _has_jpeg_end(data):  # libjpeg 'decodes' it, grey below; OpenCV 5 not
-        return _reencoded(data, "repaired", **opts, error=_TRUNCATED,
-                          warning=_joined(warning, _TRUNCATED))
+    if verify and not has_jpeg_end(data):  # libjpeg 'decodes' it, grey below; OpenCV 5 not
+        return _reencoded(data, "repaired", **opts, error=TRUNCATED,
+                          warning=_joined(warning, TRUNCATED))
     small_enough = max_size is None or min(info[:2]) <= max_size
     if restart and small_enough:  # the one jpegtran attempt for bytes stored as they are
         if restart_grid(data):  # markers there already: only an index, and checked below

@@ -13,6 +13,7 @@ from ..format.files import db_name
 from ..read.remote import is_url
 from .scan import Scan, scan_class_tree, scan_labelled_folder
 from .writer import WriteOptions, WriteReport, write_split
+from ..errors import NotFoundError, OutputExistsError
 
 __all__ = ["DEFAULT_SPLITS", "preprocess", "preprocess_sources", "scan_split", "shuffles_split",
            "split_of"]
@@ -72,7 +73,7 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     root, out = Path(imagenet_dir), Path(lmdb_dir)
     opt = options or WriteOptions()
     if not root.is_dir():
-        raise FileNotFoundError(f"dataset folder {root} does not exist")
+        raise NotFoundError(f"dataset folder {root} does not exist")
     uploader = None
     if isinstance(lmdb_dir, str) and is_url(lmdb_dir):
         from .upload import Uploader
@@ -82,16 +83,16 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
         raise ValueError(f"staging={staging} (--staging) is for an output URL, where shards are "
                          f"written locally, then uploaded; {lmdb_dir} is a local folder: drop it")
     elif out.exists() and not out.is_dir():
-        raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
-                              "if missing) for the .lmdb files")
+        raise OutputExistsError(f"output folder {out} is a file; name a folder (it is created "
+                                "if missing) for the .lmdb files")
     if splits is None:
         splits = [s for s in DEFAULT_SPLITS if (root / s).is_dir()]
         if not splits:
-            raise FileNotFoundError(f"{root} has neither train/ nor val/; point at the folder "
-                                    "that holds them, or name the split folders with --splits")
+            raise NotFoundError(f"{root} has neither train/ nor val/; point at the folder "
+                                "that holds them, or name the split folders with --splits")
     missing = [s for s in splits if not (root / s).is_dir()]
     if missing:
-        raise FileNotFoundError(f"split folder(s) {missing} not found in {root}")
+        raise NotFoundError(f"split folder(s) {missing} not found in {root}")
     train_classes = None
     if (root / "train").is_dir():
         with os.scandir(root / "train") as it:
@@ -136,7 +137,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
     the classes of sources labelled by index (tensorpack LMDB files)."""
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
-    from .sources import open_source
+    from .inputs import open_source
 
     opt = options or WriteOptions()
     if is_url(lmdb_dir):
@@ -149,8 +150,8 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                          "extracted folder tree with --format pixels")
     out = Path(lmdb_dir)
     if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output folder {out} is a file; name a folder (it is created "
-                              "if missing) for the .lmdb files")
+        raise OutputExistsError(f"output folder {out} is a file; name a folder (it is created "
+                                "if missing) for the .lmdb files")
     by_split: dict[str, list[Path]] = {}
     for f in sources:
         by_split.setdefault(split or split_of(f), []).append(Path(f))

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 import cv2
 import numpy as np
 
-from .prepare import _encode_jpeg, _shrink, prepare_image, sniff_format
+from ..format.imagecheck import sniff_format
+from .prepare import encode_jpeg, prepare_image, shrink
 from ..format.pixels import shrink_to, to_rgb
 from ..format.records import Record, pack_record
 from ..format.checksum import record_digest
@@ -82,8 +83,8 @@ def _from_pixels(image: Any, where: str, opt: SampleOptions) -> tuple[bytes, Any
         return np.ascontiguousarray(rgb).tobytes(), rgb.shape
     bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
     if opt.max_size is not None and min(bgr.shape[:2]) > opt.max_size:
-        bgr = _shrink(bgr, opt.max_size)
-    return _encode_jpeg(bgr, opt.quality), None
+        bgr = shrink(bgr, opt.max_size)
+    return encode_jpeg(bgr, opt.quality), None
 
 
 def prepare_sample(sample: Any, where: str, opt: SampleOptions) -> Prepared:

@@ -23,8 +23,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import NotFoundError
+
 __all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", "is_image_file",
-           "image_tree_hint"]
+           "image_tree_hint", "read_label_lines"]
 
 #: torchvision's ``IMG_EXTENSIONS``, compared case-insensitively.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -144,7 +146,7 @@ def scan_class_tree(root: str | Path) -> Scan:
     """Scan ``root/<class>/**/<image>`` (ImageFolder layout)."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+        raise NotFoundError(f"split folder {root} does not exist or is not a folder")
     with os.scandir(root) as it:
         classes = sorted(e.name for e in it if e.is_dir())
     if not classes:
@@ -185,7 +187,7 @@ def scan_class_tree(root: str | Path) -> Scan:
     return Scan(root, classes, paths, np.asarray(labels, np.int32), empty, ignored)
 
 
-def _read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
+def read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
     """(line number, file name, class token) for each data line of a labels file (UTF-8,
     with or without a byte-order mark)."""
     try:
@@ -223,15 +225,15 @@ def scan_labelled_folder(root: str | Path, labels_file: str | Path,
     """
     root, labels_file = Path(root), Path(labels_file)
     if not root.is_dir():
-        raise FileNotFoundError(f"split folder {root} does not exist or is not a folder")
+        raise NotFoundError(f"split folder {root} does not exist or is not a folder")
     if not labels_file.is_file():
-        raise FileNotFoundError(f"labels file {labels_file} does not exist")
+        raise NotFoundError(f"labels file {labels_file} does not exist")
     files = sorted(f for f in os.listdir(root) if is_image_file(f) and (root / f).is_file())
     by_name = {f: f for f in files}
     by_stem: dict[str, str] = {}
     for f in files:
         by_stem.setdefault(os.path.splitext(f)[0], f)
-    rows = _read_label_lines(labels_file)
+    rows = read_label_lines(labels_file)
     if rows and rows[0][1] not in by_name and rows[0][1] not in by_stem:
         # a header line such as "ImageId,PredictionString" -- unless its class is one (a
         # known class, a label index, or a class of other lines): then it is a data line

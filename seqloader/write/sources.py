@@ -6,7 +6,7 @@ that exists even if it has no image, e.g. an empty inner tar).  ``cursor`` is a 
 JSON-serialisable position *after* that event; ``events(cursor)`` starts there, so a
 killed pass resumes without reading what it had (NOTE [ stream cursors ]).
 
-Kinds (see :func:`open_source`): a tar of a class-folder tree, a tar of per-class
+Kinds (see :func:`~seqloader.write.inputs.open_source`): a tar of a class-folder tree, a tar of per-class
 tars (ImageNet's ``ILSVRC2012_img_train.tar``: the inner tar's name is the class), a
 flat tar of images plus a labels file (``ILSVRC2012_img_val.tar``), webdataset
 shards (``key.jpg`` + ``key.cls``/``key.json``), each optionally gzip'd; and the
@@ -31,15 +31,17 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .scan import is_image_file
+from ..errors import NotFoundError
 
-__all__ = ["Item", "ClassSeen", "Source", "open_source", "source_kind", "read_item",
-           "close_files"]
+__all__ = ["Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
+           "TAR_SUFFIXES", "LABEL_EXTS", "open_archive", "tar_at", "tar_members", "read_member",
+           "clean_name", "tar_stem"]
 
 #: Read-ahead of archive files: large requests keep a disk streaming (a 128 KB
 #: request per seek would be ~10 % of an HDD's bandwidth).
 READ_BUFFER = 16 << 20
-_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-_LABEL_EXTS = ("cls", "json")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+LABEL_EXTS = ("cls", "json")
 
 
 @dataclass
@@ -113,7 +115,7 @@ class Source:
         self.files = [Path(f) for f in files]
         for f in self.files:
             if not f.exists():
-                raise FileNotFoundError(f"source {f} does not exist")
+                raise NotFoundError(f"source {f} does not exist")
         #: the class list labels index into, when fixed in advance (else: the sorted
         #: class names seen, as ImageFolder sorts its folders)
         self.classes = list(classes) if classes is not None else None
@@ -155,7 +157,7 @@ def _size(p: Path) -> int:
     return p.stat().st_size
 
 
-def _open_archive(path: Path) -> tuple[io.IOBase, io.FileIO]:
+def open_archive(path: Path) -> tuple[io.IOBase, io.FileIO]:
     """(the tar's byte stream, the raw file under it) -- decompressed if gzip'd."""
     raw = io.FileIO(path, "rb")
     if hasattr(os, "posix_fadvise"):
@@ -166,7 +168,7 @@ def _open_archive(path: Path) -> tuple[io.IOBase, io.FileIO]:
     return buffered, raw
 
 
-def _tar_at(fileobj: io.IOBase, offset: int, where: str) -> tarfile.TarFile:
+def tar_at(fileobj: io.IOBase, offset: int, where: str) -> tarfile.TarFile:
     """A TarFile reading headers from ``offset`` on (NOTE [ stream cursors ])."""
     fileobj.seek(offset)
     try:
@@ -176,7 +178,7 @@ def _tar_at(fileobj: io.IOBase, offset: int, where: str) -> tarfile.TarFile:
                          "download is complete (compare its size or checksum)") from None
 
 
-def _members(tf: tarfile.TarFile, where: str) -> Iterator[tarfile.TarInfo]:
+def tar_members(tf: tarfile.TarFile, where: str) -> Iterator[tarfile.TarInfo]:
     """The members of ``tf`` in order, without the TarFile keeping a list of them (1.28 M
     TarInfos would hold ~1 GB)."""
     while True:
@@ -191,7 +193,7 @@ def _members(tf: tarfile.TarFile, where: str) -> Iterator[tarfile.TarInfo]:
         yield m
 
 
-def _read(tf: tarfile.TarFile, m: tarfile.TarInfo, where: str) -> bytes:
+def read_member(tf: tarfile.TarFile, m: tarfile.TarInfo, where: str) -> bytes:
     f = tf.extractfile(m)
     data = f.read() if f is not None else b""
     if len(data) != m.size:
@@ -200,84 +202,15 @@ def _read(tf: tarfile.TarFile, m: tarfile.TarInfo, where: str) -> bytes:
     return data
 
 
-def _clean(name: str) -> str:
+def clean_name(name: str) -> str:
     while name.startswith("./"):
         name = name[2:]
     return name
 
 
-def _stem(name: str) -> str:
+def tar_stem(name: str) -> str:
     base = name.rsplit("/", 1)[-1]
-    for suf in _TAR_SUFFIXES:
+    for suf in TAR_SUFFIXES:
         if base.lower().endswith(suf):
             return base[:-len(suf)]
     return base
-
-
-def _peek(path: Path, n: int = 32) -> list[tarfile.TarInfo]:
-    f, raw = _open_archive(path)
-    try:
-        tf = _tar_at(f, 0, str(path))
-        out = []
-        for m in _members(tf, str(path)):
-            if m.isfile():
-                out.append(m)
-            if len(out) >= n:
-                break
-        return out
-    finally:
-        f.close()
-        raw.close()
-
-
-def source_kind(path: str | Path, *, labels: bool = False) -> str:
-    """``"lmdb"``, ``"tar-of-tars"``, ``"webdataset"``, ``"flat"`` or ``"tree"``, from the
-    file's first members (ValueError for anything else)."""
-    path = Path(path)
-    if path.is_dir() or path.suffix in (".lmdb", ".mdb"):
-        return "lmdb"
-    members = _peek(path)
-    names = [_clean(m.name) for m in members]
-    if names and names[0].lower().endswith(_TAR_SUFFIXES):
-        return "tar-of-tars"
-    if any(n.rsplit("/", 1)[-1].partition(".")[2].lower() in _LABEL_EXTS for n in names):
-        return "webdataset"
-    images = [n for n in names if is_image_file(n.rsplit("/", 1)[-1])]
-    if labels:
-        return "flat"
-    if images and "/" in images[0]:
-        return "tree"
-    raise ValueError(f"{path}: cannot tell how its images are labelled (first members: "
-                     f"{names[:3]}); expected a tar of per-class tars, a tar of class "
-                     "folders, webdataset shards (key.jpg + key.cls/.json), or flat images "
-                     "with --val-labels FILE")
-
-
-def open_source(files: Sequence[str | Path], *, split: str = "",
-                labels_file: str | Path | None = None,
-                classes: Sequence[str] | None = None) -> Source:
-    """The source of one split's ``files`` (all of one kind; webdataset shards in the
-    order given).  ``labels_file`` labels a flat tar; ``classes`` fixes the class list
-    labels index into (give the train split's, so that val's labels agree)."""
-    files = [Path(f) for f in files]
-    if not files:
-        raise ValueError("no source files given")
-    kinds = {source_kind(f, labels=labels_file is not None) for f in files}
-    if len(kinds) > 1:
-        raise ValueError(f"the files of split {split!r} are of different kinds ({sorted(kinds)})"
-                         "; give one split's files of one kind")
-    kind = kinds.pop()
-    if labels_file is not None and kind != "flat":
-        raise ValueError(f"a labels file was given for {files[0]}, but it is a {kind} source "
-                         "whose labels are inside it; drop --val-labels")
-    if kind == "lmdb":
-        from .migrate import TensorpackLMDB
-
-        return TensorpackLMDB(files, classes=classes)
-    from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
-
-    if kind == "flat":
-        return FlatTar(files, labels_file, classes=classes)
-    if kind == "tree":
-        return TreeTar(files, split=split, classes=classes)
-    return {"tar-of-tars": TarOfTars, "webdataset": WebDataset}[kind](files, classes=classes)

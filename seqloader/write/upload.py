@@ -36,7 +36,7 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import FormatError
+from ..errors import FormatError, NotFoundError, OutputExistsError
 from ..format.files import bad_files_path, db_name, shard_path
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -44,8 +44,8 @@ from ..read.lmdbpages import lookup_first_leaf
 from ..read.remote import safe_url
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
-from .files import _write_report
-from .options import ShardResult, WriteOptions, WriteReport, _fingerprint, write_order
+from .outfiles import write_report
+from .options import ShardResult, WriteOptions, WriteReport, scan_fingerprint, write_order
 from .writer import write_split
 
 __all__ = ["Uploader", "ATOMIC_PROTOCOLS", "default_staging"]
@@ -105,7 +105,7 @@ class Uploader:
         upload fails or does not read back as written."""
         opt = options
         name = f"{db_name(split)}.lmdb"
-        fingerprint = _fingerprint(scan, split, write_order(len(scan), seed=opt.seed,
+        fingerprint = scan_fingerprint(scan, split, write_order(len(scan), seed=opt.seed,
                                                             shuffle=opt.shuffle), opt)
         self._check_layout(name, split, opt)
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -167,10 +167,10 @@ class Uploader:
         others = sorted(n for n in self._ls() if n not in ours and (m := _SHARD_NAME.match(n))
                         and m["stem"] == stem)
         if others and not opt.overwrite:
-            raise FileExistsError(f"{self.where(others[0])} holds split {split!r} in another "
-                                  f"layout ({len(others)} object(s); this command writes "
-                                  f"{opt.shards}); pass --overwrite to replace them, or choose "
-                                  "another destination")
+            raise OutputExistsError(f"{self.where(others[0])} holds split {split!r} in another "
+                                    f"layout ({len(others)} object(s); this command writes "
+                                    f"{opt.shards}); pass --overwrite to replace them, or choose "
+                                    "another destination")
         for n in others:
             self._rm(n)
             self._rm(bad_files_path(n).name)
@@ -209,19 +209,19 @@ class Uploader:
             why = ("not a complete seqloader file (an interrupted upload by another tool?)"
                    if meta is None or not meta.complete else
                    "different sources, order or options")
-            raise FileExistsError(f"{self.where(shard)} already exists and was not written by "
-                                  f"this command ({why}); pass --overwrite to replace it, or "
-                                  "choose another destination")
+            raise OutputExistsError(f"{self.where(shard)} already exists and was not written by "
+                                    f"this command ({why}); pass --overwrite to replace it, or "
+                                    "choose another destination")
         if opt.strict and meta.bad_files:
-            raise FileExistsError(f"{self.where(shard)} was written without --strict and skipped "
-                                  f"{len(meta.bad_files)} bad file(s), listed in "
-                                  f"{self.where(bad_files_path(shard).name)}; pass --overwrite "
-                                  "to write it again with --strict")
+            raise OutputExistsError(f"{self.where(shard)} was written without --strict and skipped "
+                                    f"{len(meta.bad_files)} bad file(s), listed in "
+                                    f"{self.where(bad_files_path(shard).name)}; pass --overwrite "
+                                    "to write it again with --strict")
         report = bad_files_path(shard).name
         if (meta.bad_files or meta.warned_files) and not self.fs.exists(f"{self.path}/{report}"):
             local = self.staging / shard  # (its report was deleted: put it back from the metadata)
             self.staging.mkdir(parents=True, exist_ok=True)
-            _write_report(local, meta.bad_files, meta.warned_files)
+            write_report(local, meta.bad_files, meta.warned_files)
             self._put(bad_files_path(local), report)
             bad_files_path(local).unlink()
         return ShardResult(self.where(shard), meta.num_records, meta.image_bytes, meta.bad_files,
@@ -239,8 +239,8 @@ class Uploader:
                 self.fs.put_file(str(local), target + ".partial", **self._upload_kw)
                 self.fs.mv(target + ".partial", target)
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
-                                    "(does the bucket exist? create it first)") from None
+            raise NotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
+                                "(does the bucket exist? create it first)") from None
 
     def _upload(self, result: ShardResult, progress: bool) -> None:
         """Upload a complete local shard (its report first), check it reads back as

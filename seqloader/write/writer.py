@@ -43,14 +43,14 @@ import numpy as np
 
 from ..format.files import shard_files, shard_path
 from .scan import Scan
-from ..errors import BadImageError, NoRecordsError
-from .files import _lock_file, _partials, _remove_db, _remove_partial, _report_path
+from ..errors import BadImageError, NoRecordsError, OutputExistsError
+from .outfiles import lock_file, partials, remove_db, remove_partial, report_path
 # (the options and reports are re-exported: the writer's public names)
-from .options import ShardResult, WriteOptions, WriteReport, _fingerprint, write_order
-from .shard import Feed, _ShardWriter, _existing
+from .options import ShardResult, WriteOptions, WriteReport, scan_fingerprint, write_order
+from .shardwriter import Feed, ShardWriter, existing_result
 
 __all__ = ["WriteOptions", "ShardResult", "WriteReport", "BadImageError", "NoRecordsError",
-           "write_split", "write_order"]
+           "write_split", "write_order", "no_records_message"]
 
 
 def write_split(scan: Scan, out: str | Path, split: str,
@@ -78,53 +78,53 @@ def write_split(scan: Scan, out: str | Path, split: str,
                          f"split {split!r}; use at most {len(scan)}")
     if order is None:
         order = write_order(len(scan), seed=opt.seed, shuffle=opt.shuffle)
-    fingerprint = _fingerprint(scan, split, order, opt)
+    fingerprint = scan_fingerprint(scan, split, order, opt)
     bounds = [round(k * len(scan) / opt.shards) for k in range(opt.shards + 1)]
     # the split in another layout (one file vs shards, another shard count) would be
     # what readers open, or make them fail: replace it only when told to
     ours = {shard_path(out, k, opt.shards) for k in range(opt.shards)}
     others = sorted(p for p in {out, *shard_files(out)} - ours if p.exists())
     if others and not opt.overwrite:
-        raise FileExistsError(f"{others[0]} holds split {split!r} in another layout "
-                              f"({len(others)} file(s); this command writes {opt.shards}); pass "
-                              "--overwrite to replace them, or choose another output folder")
+        raise OutputExistsError(f"{others[0]} holds split {split!r} in another layout "
+                                f"({len(others)} file(s); this command writes {opt.shards}); pass "
+                                "--overwrite to replace them, or choose another output folder")
     for p in others:
-        _remove_db(p)
-        _report_path(p).unlink(missing_ok=True)
+        remove_db(p)
+        report_path(p).unlink(missing_ok=True)
     # an unfinished write in another layout: up to the whole split's size of disk
     mine = {p.with_name(p.name + ".partial") for p in ours}
-    stale = sorted(p for p in _partials(out) if p not in mine)
+    stale = sorted(p for p in partials(out) if p not in mine)
     if stale and not opt.overwrite:
-        raise FileExistsError(f"{stale[0]} is an unfinished write of split {split!r} in "
-                              f"another layout (this command writes {opt.shards} file(s)); "
-                              "re-run the command that started it to finish it, or pass "
-                              "--overwrite to remove it")
+        raise OutputExistsError(f"{stale[0]} is an unfinished write of split {split!r} in "
+                                f"another layout (this command writes {opt.shards} file(s)); "
+                                "re-run the command that started it to finish it, or pass "
+                                "--overwrite to remove it")
     for p in stale:
-        _remove_partial(p)
+        remove_partial(p)
     report = WriteReport(split)
     written: list[Path] = []
     for k in (opt.shard_ids if opt.shard_ids is not None else range(opt.shards)):
         final = shard_path(out, k, opt.shards)
         partial = final.with_name(final.name + ".partial")
         if final.exists() and not opt.overwrite:  # (with overwrite, removed under the lock)
-            report.shards.append(_existing(final, fingerprint, scan, opt))
-            _lock_file(partial).unlink(missing_ok=True)  # (a kill between rename and unlink)
+            report.shards.append(existing_result(final, fingerprint, scan, opt))
+            lock_file(partial).unlink(missing_ok=True)  # (a kill between rename and unlink)
             continue
-        writer = _ShardWriter(scan, split, order, final, k, fingerprint, opt, feed)
+        writer = ShardWriter(scan, split, order, final, k, fingerprint, opt, feed)
         try:
             report.shards.append(writer.run(bounds[k], bounds[k + 1]))
         except BadImageError:
-            _remove_db(partial)
+            remove_db(partial)
             for p in written:
-                _remove_db(p)
+                remove_db(p)
             raise
         written.append(final)
     if report.shards and report.num_records == 0:  # NOTE [ no records, no database ]
         for r in report.shards:
-            _remove_db(r.path)
-        raise NoRecordsError(_no_records(report, split))
+            remove_db(r.path)
+        raise NoRecordsError(no_records_message(report, split))
     if report.bad_files or report.warned_files:
-        reports = [str(_report_path(r.path)) for r in report.shards
+        reports = [str(report_path(r.path)) for r in report.shards
                    if r.bad_files or r.warned_files]
         said = [f"{len(report.bad_files)} file(s) could not be decoded and were skipped"
                 * bool(report.bad_files),
@@ -146,9 +146,9 @@ def write_split(scan: Scan, out: str | Path, split: str,
 # the shards this run writes.)
 
 
-def _no_records(report: WriteReport, split: str) -> str:
+def no_records_message(report: WriteReport, split: str) -> str:
     bad = report.bad_files
-    reports = [str(_report_path(r.path)) for r in report.shards if r.bad_files]
+    reports = [str(report_path(r.path)) for r in report.shards if r.bad_files]
     first = "; ".join(f"{path}: {why}" for path, why in bad[:3])
     return (f"split {split!r}: none of its {len(bad)} image(s) could be read and decoded, so "
             f"no database was written (it would have 0 records). The reasons are listed in "

@@ -97,7 +97,7 @@ def test_writer(synth_tree, tmp_path, monkeypatch, nw):
     """An unexpected failure of the image preparation (not a bad image: those are
     bad-files rows) -- in this process (reading only: threads) or in the decode
     check's worker processes."""
-    from seqloader.write import shard, writer
+    from seqloader.write import shardwriter as shard, writer
 
     real = shard.prepare_image
 
@@ -119,7 +119,7 @@ def test_writer(synth_tree, tmp_path, monkeypatch, nw):
 
 @pytest.mark.parametrize("nw", [0, 2])
 def test_verify(lmdb_dir, cursed, monkeypatch, nw):
-    from seqloader.write import verify
+    from seqloader.read import verify
 
     real = verify.check_stored
     target = {bytes(r.image[-64:]) for i, r in read_records(lmdb_dir / "ILSVRC-val.lmdb")

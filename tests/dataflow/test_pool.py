@@ -6,7 +6,8 @@ import signal
 import pytest
 
 from seqloader.dataflow.imap import process_map
-from seqloader.dataflow.ordered import _ARENAS, ordered_map
+from seqloader.dataflow.arena import ARENAS
+from seqloader.dataflow.ordered import ordered_map
 from seqloader.errors import RecordError, WorkerDiedError
 
 
@@ -59,7 +60,7 @@ def test_process_map_raises_the_workers_error_with_its_traceback():
     assert e.worker == 7 // 3 % 2
     assert "_fail_on_7" in str(e.__cause__) and "_fail_on_7" in e.worker_traceback
     assert not mp.active_children()
-    assert not _ARENAS  # its slots are gone with it
+    assert not ARENAS  # its slots are gone with it
 
 
 def test_process_map_reports_a_killed_worker_and_leaves_no_children():
@@ -73,7 +74,7 @@ def test_process_map_closed_early_stops_its_workers():
     gen = process_map(_work, range(10_000), workers=2, chunk=4)
     assert next(gen) == _expected(0)
     gen.close()
-    assert not mp.active_children() and not _ARENAS
+    assert not mp.active_children() and not ARENAS
 
 
 def test_thread_map_keeps_order_and_raises_at_the_failing_item():

@@ -17,9 +17,10 @@ from seqloader import Loader, WriteOptions
 from seqloader.write.scan import scan_class_tree
 from seqloader.write.writer import write_split
 from seqloader.format.decoders import captured_stderr, clean_jpeg_header
-from seqloader.write.prepare import check_stored, prepare_image, sniff_format
+from seqloader.format.imagecheck import check_stored, sniff_format
+from seqloader.write.prepare import prepare_image
 from seqloader.transforms import Compose, RandomResizedCrop, ToTensor
-from seqloader.write.files import WARNED
+from seqloader.write.outfiles import WARNED
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -91,9 +91,9 @@ def test_readahead_skips_blocks_already_cached(big_db):
 def _cached_pages(path, offset: int, length: int) -> int:
     """How many pages of ``path[offset:offset + length]`` are in the page cache (the
     benchmarks' mincore probe)."""
-    from seqloader.tools.bench.cache import _resident_pages
+    from seqloader.tools.bench.cache import resident_pages
 
-    got = _resident_pages(str(path), offset, offset + length)
+    got = resident_pages(str(path), offset, offset + length)
     assert got is not None, f"mincore cannot see {path}"
     return got[0]
 

@@ -202,7 +202,7 @@ def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
     assert _all_records(db) == want and calls == []
     monkeypatch.setattr(httprange, "_SIGN_SECONDS", 0)  # (signed again on every GET)
     monkeypatch.setattr(remote, "_PLAIN", {})
-    fs, _ = remote._filesystem(db.paths[0], db.remote.options)
+    fs, _ = remote.filesystem(db.paths[0], db.remote.options)
     monkeypatch.setattr(type(fs), "sign", lambda *a, **k: (_ for _ in ()).throw(
         NotImplementedError("no signer")))
     assert _all_records(db) == want and calls  # fsspec's path, same bytes
@@ -376,7 +376,7 @@ def test_cli_info_and_verify_accept_urls(moto, s3_url):
 def test_verify_remote_finds_damage(moto, lmdb_dir, tmp_path, monkeypatch):
     """A record flipped on the server (metadata intact) fails the checksum."""
     from seqloader.read.database import open_database
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -13,7 +13,7 @@ import pytest
 from seqloader.tools import bench
 from conftest import old_empty_database, raw_items
 from seqloader.tools.bench import cpu_limit, evict, measure, residency
-from seqloader.tools.bench.procs import _usable_cores
+from seqloader.tools.bench.machine import usable_cores
 from seqloader.format.keys import is_record_key
 
 RESULT_KEYS = {"loader": str, "mode": str, "workers": int, "batch_size": int,
@@ -118,7 +118,7 @@ def test_results_count_workers_and_cpu_limit(data, capsys):
         if r["mode"] == "cpu-limit":
             assert r["per_process_images_per_s"] > 0 and r["first_batch_s"] is None
             assert r["images_per_s"] == pytest.approx(
-                r["per_process_images_per_s"] * min(r["workers"], _usable_cores()), rel=1e-3)
+                r["per_process_images_per_s"] * min(r["workers"], usable_cores()), rel=1e-3)
         else:
             assert r["peak_processes"] == (1 if r["loader"] == "seqloader" else 1 + r["workers"])
         assert not r.get("leftover_processes")
@@ -155,7 +155,7 @@ def test_cpu_percent_over_a_one_second_window(data, capsys):
     (r,) = doc["results"]
     assert r["stopped"] == "seconds" and r["seconds"] >= 1.0
     # the tree is busy (worker decoding, main process feeding/copying), within the cores
-    assert 5 < r["cpu_percent"] <= 100 * (_usable_cores() + 0.3)
+    assert 5 < r["cpu_percent"] <= 100 * (usable_cores() + 0.3)
     assert r["cpu_seconds"] > 0
 
 
@@ -291,9 +291,9 @@ def test_run_bench_raises_for_bad_path(tmp_path):
 def test_monitor_keeps_its_sampling_within_its_cpu_budget():
     """The memory sampler backs off when a sample is expensive (smaps_rollup of big
     processes), so it takes at most ``budget`` of a core from the measured pipeline."""
-    from seqloader.tools.bench.procs import _TreeMonitor
+    from seqloader.tools.bench.machine import TreeMonitor
 
-    mon = _TreeMonitor(interval=0.5, budget=0.01)
+    mon = TreeMonitor(interval=0.5, budget=0.01)
     mon.sample()  # a real sample of this process: costs something, is recorded
     assert mon.last_cost > 0 and mon.own_cpu >= mon.last_cost
     assert mon.peak["rss"] > 0

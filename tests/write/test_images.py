@@ -4,7 +4,8 @@ import cv2
 import numpy as np
 import pytest
 
-from seqloader.write.prepare import decode_bgr, prepare_image, sniff_format
+from seqloader.format.imagecheck import sniff_format
+from seqloader.write.prepare import decode_bgr, prepare_image
 from seqloader.format.jpeg import jpeg_info
 
 
@@ -76,7 +77,7 @@ def test_data_after_the_end_of_image_is_not_truncation():
     """Camera trailers (or a second picture) after the EOI: whole files, stored as they
     are.  An EXIF thumbnail's EOI comes before the scan: a truncated file with one is
     still truncated."""
-    from seqloader.write.prepare import check_stored
+    from seqloader.format.imagecheck import check_stored
 
     good = _jpeg(_photo(200, 200))
     for trailer in (b"SEFH" + bytes(range(256)) * 20, good):  # opaque bytes; an MPF-like 2nd JPEG
@@ -223,7 +224,7 @@ def test_image_too_large_for_opencv_is_a_bad_file_not_a_crash(tmp_path):
     import struct
 
     from seqloader import WriteOptions, preprocess
-    from seqloader.write.prepare import check_stored
+    from seqloader.format.imagecheck import check_stored
 
     png = _png_claiming(40000, 40000)
     jpeg = bytearray(_jpeg(_photo(16, 16)))

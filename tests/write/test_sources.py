@@ -21,7 +21,8 @@ from seqloader.read.database import open_database
 from seqloader.write.extshuffle import record_keys, write_source
 from seqloader.format.keys import META_KEY
 from seqloader.write.preprocess import preprocess_sources
-from seqloader.write.sources import Item, open_source
+from seqloader.write.inputs import open_source
+from seqloader.write.sources import Item
 from seqloader.write.writer import BadImageError, WriteOptions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -248,9 +249,10 @@ KILLED = textwrap.dedent("""
     import os, sys, warnings
     warnings.simplefilter("ignore")
     from seqloader.write import extshuffle, writer
-    from seqloader.write.sources import Item, open_source
+    from seqloader.write.inputs import open_source
+    from seqloader.write.sources import Item
     which, after = sys.argv[3], int(sys.argv[4])
-    cls, name = (extshuffle._Pass1, "_commit") if which == "1" else (writer._ShardWriter, "_commit")
+    cls, name = (extshuffle._Pass1, "_commit") if which == "1" else (writer.ShardWriter, "_commit")
     real, calls = getattr(cls, name), [0]
     def commit(self, *a, **k):
         calls[0] += 1

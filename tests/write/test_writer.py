@@ -118,13 +118,13 @@ def test_strict_does_not_accept_an_output_that_skipped_bad_files(synth_tree, tmp
     left as they are."""
     import seqloader.write.writer as W
 
-    real = W._ShardWriter._commit
+    real = W.ShardWriter._commit
 
     def stop_after_a_bad_file(self, env, pending, meta):
         real(self, env, pending, meta)
         if meta.bad_files and not meta.complete:
             raise RuntimeError("stopped")
-    monkeypatch.setattr(W._ShardWriter, "_commit", stop_after_a_bad_file)
+    monkeypatch.setattr(W.ShardWriter, "_commit", stop_after_a_bad_file)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="stopped"):
         _quiet(preprocess, synth_tree.root, out, splits=["train"], options=_opts(commit_bytes=1))
@@ -281,7 +281,7 @@ def test_map_grows_on_demand(synth_tree, tmp_path):
 KILLABLE = textwrap.dedent("""
     import sys, time, warnings
     warnings.simplefilter("ignore")
-    import seqloader.write.shard as w
+    import seqloader.write.shardwriter as w
     real = w.prepare_image
     def slow(*a, **k):
         time.sleep(0.01)
@@ -439,7 +439,7 @@ def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tre
         raise WorkerDiedError("seqloader map worker 1 (pid 1) was killed by SIGKILL",
                               worker=1, pid=1, exitcode=-9)
 
-    monkeypatch.setattr(writer._ShardWriter, "_run", broken)
+    monkeypatch.setattr(writer.ShardWriter, "_run", broken)
     with pytest.raises(WorkerDiedError, match=r"a decode worker process died \(killed by the "
                                            r"out-of-memory killer .*re-run the same command"):
         _quiet(write_split, scan, tmp_path / "other" / "ILSVRC-val.lmdb", "val", _opts())
@@ -579,7 +579,7 @@ def test_written_records_leave_the_page_cache(tmp_path):
     page cache (it would flood it on a 140 GB split), and the file still reads and
     verifies.  (Mutation: without ``_drop_behind`` nearly every page stays.)"""
     from seqloader.tools.synth import make_synthetic_imagenet
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     skip_unless_pages_can_be_dropped(tmp_path)
     tree = _quiet(make_synthetic_imagenet, tmp_path / "src", classes=3, per_class=20,
@@ -604,7 +604,7 @@ def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(l
 
     import msgpack
 
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -636,7 +636,7 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
     import numpy as np
 
     from seqloader.format.meta import pack_meta, unpack_meta
-    from seqloader.write.verify import verify_database
+    from seqloader.read.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -661,7 +661,7 @@ def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch,
 
     def full(self, env, pending, meta):
         raise lmdb.Error("mdb_txn_commit: Input/output error")
-    monkeypatch.setattr(W._ShardWriter, "_commit", full)
+    monkeypatch.setattr(W.ShardWriter, "_commit", full)
     out = tmp_path / "out"
     with pytest.raises(OSError, match=r"ILSVRC-train\.lmdb\.partial: cannot write .*Input/output "
                                       r"error.*free space.*re-run the same command"):
@@ -681,19 +681,19 @@ def test_a_run_that_waited_for_another_to_finish_takes_its_result(synth_tree, tm
     the finished database (not write into the renamed file or trip over stale state)."""
     import shutil
 
-    import seqloader.write.shard as W
+    import seqloader.write.shardwriter as W
 
     _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     final = tmp_path / "ILSVRC-val.lmdb"
     before = raw_items(final)
     partial = tmp_path / "ILSVRC-val.lmdb.partial"
     shutil.move(final, partial)  # the first run, about to finish
-    real = W._lock_or_fail
+    real = W.lock_or_fail
 
     def finish_while_waiting(lockf, path, patience=5.0):
         os.replace(partial, final)  # ... and it finishes while we wait
         real(lockf, path, patience)
-    monkeypatch.setattr(W, "_lock_or_fail", finish_while_waiting)
+    monkeypatch.setattr(W, "lock_or_fail", finish_while_waiting)
     rep = _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"], options=_opts())
     assert rep[0].shards[0].skipped
     assert raw_items(final) == before and not partial.exists()
@@ -706,21 +706,21 @@ def test_overwrite_waits_for_the_writers_lock_before_removing_anything(synth_tre
     must take the lock first, and fail as usual while another process holds it."""
     import fcntl
 
-    import seqloader.write.files as F
+    import seqloader.write.outfiles as F
     import seqloader.write.writer as W
 
-    real_commit, real_lock = W._ShardWriter._commit, F._lock_or_fail
+    real_commit, real_lock = W.ShardWriter._commit, F.lock_or_fail
 
     def stop_midway(self, env, pending, meta):
         real_commit(self, env, pending, meta)
         if meta.num_records >= 5 and not meta.complete:
             raise RuntimeError("stopped")
-    monkeypatch.setattr(W._ShardWriter, "_commit", stop_midway)
+    monkeypatch.setattr(W.ShardWriter, "_commit", stop_midway)
     with pytest.raises(RuntimeError, match="stopped"):  # a run still at work, in effect
         _quiet(preprocess, synth_tree.root, tmp_path, splits=["val"],
                options=_opts(commit_bytes=1))
-    monkeypatch.setattr(W._ShardWriter, "_commit", real_commit)
-    monkeypatch.setattr(F, "_lock_or_fail", lambda lockf, path: real_lock(lockf, path, 0.2))
+    monkeypatch.setattr(W.ShardWriter, "_commit", real_commit)
+    monkeypatch.setattr(F, "lock_or_fail", lambda lockf, path: real_lock(lockf, path, 0.2))
     partial = tmp_path / "ILSVRC-val.lmdb.partial"
     before, inode = raw_items(partial), partial.stat().st_ino
     with open(partial, "rb") as held:  # the other writer's lock

@@ -17,7 +17,7 @@ Loaders
     ``files``      a ``torch.utils.data.DataLoader`` (shuffle=True, persistent
                    workers, same ``num_workers``/batch size) over one file per image,
                    decoded with the same OpenCV code (``decode_rgb``) and the same
-                   (unfused) seqloader transforms; see :mod:`seqloader.tools.bench.files`.
+                   (unfused) seqloader transforms; see :mod:`seqloader.tools.bench.filesloader`.
 Modes
     ``raw``        read and batch the encoded bytes, no decode (seqloader
                    ``transform=None``; files: read each file, list collate).
@@ -101,20 +101,20 @@ loader, mode, workers; fields that do not apply (e.g. ``first_batch_s`` of
 
 Library use: :func:`measure` (any iterable of batches) and :func:`cpu_limit`.
 
-Modules: ``args`` (the command), ``sources`` (what the runs read), ``run`` (one run, a
-result row), ``measure`` (the timing loop), ``procs`` (the process tree's CPU and
-memory), ``cache`` (page-cache residency, eviction), ``cpulimit``, ``host`` and
-``data`` (the machine and the data described), ``conditions``, ``quality``, ``report``,
-``files`` (the files loader).
+Modules: ``command`` (the arguments, the runs in order, the document's conditions and
+quality), ``runs`` (the modes, one run into a result row, ``cpu-limit``), ``measure``
+(the timing loop), ``machine`` (the host and the process tree's CPU and memory), ``cache``
+(page-cache residency, eviction), ``data`` (what the runs read, described), ``report``
+(the human-readable table), ``filesloader`` (the files loader).
 """
-from .args import add_bench_arguments, bench, main, run_bench
+from .command import add_bench_arguments, bench, main, run_bench
 from .cache import evict, residency
-from .cpulimit import cpu_limit
+from .runs import cpu_limit
 from .measure import measure
-from .modes import LOADERS, MODES, decode_transform, imagenet_train_transform
-from .procs import process_tree
+from .runs import LOADERS, MODES, decode_transform, imagenet_train_transform
+from .machine import process_tree
 from .report import format_report
-from .run import RESULT_KEYS
+from .runs import RESULT_KEYS
 
 __all__ = ["add_bench_arguments", "run_bench", "main", "bench", "format_report", "measure",
            "cpu_limit", "evict", "residency", "process_tree", "imagenet_train_transform",

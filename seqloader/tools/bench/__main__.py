@@ -1,7 +1,7 @@
 """``python -m seqloader.tools.bench`` = ``seqloader bench``."""
 import sys
 
-from .args import main
+from .command import main
 
 if __name__ == "__main__":
     sys.exit(main())

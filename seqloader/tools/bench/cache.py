@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["residency", "evict"]
+__all__ = ["residency", "evict", "residency_of", "resident_pages"]
 
 _RESIDENCY_FILES = 2000
 _DIRTY_S = 120
@@ -42,7 +42,7 @@ def _can_mincore(path: str) -> bool:
         return False
 
 
-def _resident_pages(path: str, start: int = 0, stop: int | None = None
+def resident_pages(path: str, start: int = 0, stop: int | None = None
                     ) -> tuple[int, int] | None:
     """(resident pages, total pages) of ``path`` -- or of its bytes ``[start, stop)``,
     ``start`` page-aligned -- via mmap + mincore, or None."""
@@ -86,7 +86,7 @@ def residency(paths: Sequence[str | Path], *, sample: int | None = None,
         paths = [paths[i] for i in idx]
     res = tot = 0
     for p in paths:
-        r = _resident_pages(p)
+        r = resident_pages(p)
         if r is None:
             return None
         res, tot = res + r[0], tot + r[1]
@@ -119,7 +119,7 @@ def evict(paths: Iterable[str | Path]) -> int:
     return n
 
 
-def _residency_of(paths: list[str], loader: str) -> float | None:
+def residency_of(paths: list[str], loader: str) -> float | None:
     r = residency(paths, sample=None if loader == "seqloader" else _RESIDENCY_FILES)
     return None if r is None else round(r, 4)
 

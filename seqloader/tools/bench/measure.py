@@ -7,8 +7,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
-from .host import _disk_read_bytes, _major_faults
-from .procs import _TreeMonitor, _usable_cores, process_tree
+from .machine import TreeMonitor, disk_read_bytes, major_faults, process_tree, usable_cores
 
 __all__ = ["measure", "MB", "MIN_CPU_WINDOW"]
 
@@ -77,7 +76,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     count = count or _default_count
-    monitor = _TreeMonitor(exclude=process_tree()[1:], interval=interval).start()
+    monitor = TreeMonitor(exclude=process_tree()[1:], interval=interval).start()
     bar = tqdm(total=(warmup + batches) if batches else None, desc=desc, unit="batch",
                leave=False, disable=not progress, file=sys.stderr, dynamic_ncols=True)
     iterable = iterator = None
@@ -88,8 +87,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     t0 = time.perf_counter()
     t_start = t_end = t0
     cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
-    disk_start = disk_end = _disk_read_bytes(disk)
-    faults_start = faults_end = _major_faults()
+    disk_start = disk_end = disk_read_bytes(disk)
+    faults_start = faults_end = major_faults()
     try:
         iterable = make_iterable()
         iterator = iter(iterable)
@@ -105,8 +104,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
                 if warm == warmup:
                     t_start = t_end = time.perf_counter()
                     cpu_start, own_start = monitor.cpu_snapshot(), monitor.own_cpu
-                    disk_start = _disk_read_bytes(disk)
-                    faults_start = _major_faults()
+                    disk_start = disk_read_bytes(disk)
+                    faults_start = major_faults()
                 continue
             i, b = count(batch)
             del batch
@@ -120,8 +119,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
             if seconds is not None and elapsed >= seconds:
                 stopped = "seconds"
                 break
-        disk_end = _disk_read_bytes(disk)
-        faults_end = _major_faults()
+        disk_end = disk_read_bytes(disk)
+        faults_end = major_faults()
         monitor.sample()
         cpu = monitor.cpu_since(cpu_start, own_start)
     finally:
@@ -151,6 +150,6 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
         "base_rss_mb": _mb_kb(base.get("rss")), "base_pss_mb": _mb_kb(base.get("pss")),
         "peak_processes": monitor.peak_processes, "cpu_seconds": round(cpu, 3),
         "cpu_percent": round(100 * cpu / dt, 1) if n_batches and dt >= MIN_CPU_WINDOW else None,
-        "cores": _usable_cores(),
+        "cores": usable_cores(),
     }
 

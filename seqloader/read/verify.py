@@ -10,14 +10,14 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from ..read.database import close_env, open_database, open_env
+from .database import close_env, open_database, open_env
 from ..format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
 from ..format.meta import EmptyDatabaseError, meta_extents
 from ..format.keys import decode_key, encode_key, is_record_key
 from ..format.records import unpack_record
 from ..errors import FormatError
-from ..read.pages import address, map_base
-from .prepare import check_stored
+from .pages import address, map_base
+from ..format.imagecheck import check_stored
 from ..dataflow.imap import named_errors, process_map
 from ..dataflow.ordered import ordered_map
 from ..errors import WorkerDiedError
@@ -110,7 +110,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     """Check every record of a database and recompute each shard's checksum.
 
     Each record must parse, have a label in range and hold an image that passes the
-    writer's decode check (:func:`~seqloader.write.prepare.check_stored`); ``workers``
+    writer's decode check (:func:`~seqloader.format.imagecheck.check_stored`); ``workers``
     processes (default: one per core plus one) read and check records while this one
     walks the keys in order, chains the digests and compares the record extents.
     Finite; a file that kills a worker, or a database of 0 records, is reported as a

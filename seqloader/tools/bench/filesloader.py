@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ...dataflow.threads import forking_single_threaded
+from ...errors import NotFoundError
 
 __all__ = ["FilesDataset", "FilesLoader", "collate_raw", "collate_decoded", "resolve_tree",
            "worker_init"]
@@ -26,7 +27,7 @@ def resolve_tree(path: str | Path, split: str | None) -> Path:
     ImageNet root holding ``train/`` and ``val/``), else ``path`` itself."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"image folder {p} does not exist")
+        raise NotFoundError(f"image folder {p} does not exist")
     if not p.is_dir():
         raise ValueError(f"{p} is not a folder; the files loader needs a class-folder tree "
                          "(<dir>/<class>/<image>) -- pass it as PATH or with --files DIR")
@@ -35,8 +36,8 @@ def resolve_tree(path: str | Path, split: str | None) -> Path:
     from ...write.preprocess import DEFAULT_SPLITS
     splits = [s for s in DEFAULT_SPLITS if (p / s).is_dir()]
     if split and splits:  # an ImageNet root without that split: not a class tree
-        raise FileNotFoundError(f"{p} has no {split}/ folder (it has {', '.join(splits)}); "
-                                "pass --split with one of those")
+        raise NotFoundError(f"{p} has no {split}/ folder (it has {', '.join(splits)}); "
+                            "pass --split with one of those")
     return p
 
 

@@ -15,23 +15,17 @@ requests and yields every record in order.  Three implement it:
 * ``remote`` (:class:`~seqloader.read.remote.RemoteStream`): ranged GETs into the same
   ring (NOTE [ remote reading ]).
 
-:func:`open_source` chooses one; adding a source means one module and one branch there.
+:func:`~seqloader.read.reader.open_byte_source` chooses one; adding a source means one
+module and one branch there.  This module imports none of them: they import it.
 """
 from __future__ import annotations
 
-import os
-import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from ..errors import FormatError
-
-if TYPE_CHECKING:
-    from .remote import RemoteSource
-
-__all__ = ["ByteSource", "Part", "open_source"]
+__all__ = ["ByteSource", "Part"]
 
 
 @dataclass
@@ -85,52 +79,3 @@ class ByteSource(Protocol):
 
     def close(self) -> None:
         ...
-
-
-def open_source(shards: Sequence[Any], *, io: str, total_bytes: int, window: int,
-                fault_in: bool, remote: "RemoteSource | None" = None) -> ByteSource:
-    """The source for ``shards`` (:class:`~seqloader.read.shard.Shard` s): remote for a
-    remote database; direct I/O when :func:`~seqloader.read.direct.choose` says so and
-    every file has record extents on a file system with ``O_DIRECT`` (else buffered,
-    with a warning when ``io="direct"`` was asked for); buffered otherwise.  ``window``
-    is the read-ahead in bytes, ``fault_in`` as for the reader."""
-    from . import direct
-
-    if remote is not None:
-        from .remote import RemoteStream
-
-        return RemoteStream(remote, window)
-    if direct.choose(io, total_bytes):
-        why = _open_direct(shards)
-        if why is None:
-            return direct.DirectStream(window)
-        if io == "direct":
-            warnings.warn(f"io='direct': {why}; reading through the page cache instead",
-                          stacklevel=5)
-    from .buffered import BufferedSource
-
-    return BufferedSource(shards, window, fault_in)
-
-
-def _open_direct(shards: Sequence[Any]) -> str | None:
-    """Open every shard for direct I/O (``shard.fd_direct``); None when done, else why
-    not (then none is open)."""
-    from .direct import open_direct
-
-    why = next((f"{sh.path} has no record extents (an older file)" for sh in shards
-                if sh.extents is None), None)
-    for sh in shards:
-        if why is not None:
-            break
-        sh.fd_direct = open_direct(sh.path)
-        if sh.fd_direct is None:
-            why = f"the file system of {sh.path} does not support O_DIRECT"
-        elif not os.path.samestat(os.fstat(sh.fd_direct), os.fstat(sh.fd)):
-            for s in shards:
-                s.close_direct()
-            raise FormatError(f"{sh.path} was replaced while it was being opened; "
-                              "open it again: create a new Loader/reader")
-    if why is not None:
-        for sh in shards:
-            sh.close_direct()
-    return why

@@ -15,13 +15,13 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from .. import __version__
+from ..version import __version__
 from ..read.database import Database, close_env, file_meta, open_env, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
 from ..format.meta import EXTENT_DTYPE, Meta, file_version, pack_meta
 from ..format.keys import META_KEY, encode_key
 from ..format.records import Record, pack_record
-from ..errors import FormatError
+from ..errors import FormatError, OutputExistsError
 from ..read.pages import PAGE as _PAGE, address, map_base, unmap
 from .prepare import prepare_image
 from ..dataflow.imap import named_errors, process_map
@@ -29,11 +29,11 @@ from ..dataflow.ordered import ordered_map
 from .scan import Scan
 from ..errors import BadImageError, WorkerDiedError
 
-from .files import (_lock_file, _lock_or_fail, _read_regular, _remove_db, _report_path,
-                    _write_report)
-from .options import ShardResult, WriteOptions, _what_differs, stored_name, stored_pixels
+from .outfiles import (lock_file, lock_or_fail, read_regular, remove_db, report_path,
+                    write_report)
+from .options import ShardResult, WriteOptions, what_differs, stored_name, stored_pixels
 
-__all__ = ['Feed', 'prepare_record']
+__all__ = ["Feed", "ShardWriter", "existing_result", "prepare_record"]
 
 
 def prepare_record(data: bytes, label: int, name: str, opt: WriteOptions
@@ -54,7 +54,7 @@ def prepare_record(data: bytes, label: int, name: str, opt: WriteOptions
     return value, record_digest(value), p.warning  # CHECKSUM_ALGORITHM: _load_or_start
 
 
-_ACTIVE: "_ShardWriter | None" = None  # the writer whose sources forked workers prepare
+_ACTIVE: "ShardWriter | None" = None  # the writer whose sources forked workers prepare
 
 
 def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str, str | None]:
@@ -62,7 +62,7 @@ def _prepare_active(pos: int) -> tuple[int, bytes | None, bytes | str, str | Non
 
 
 
-class _ShardWriter:
+class ShardWriter:
     """Writes positions ``[start, stop)`` of the order into one shard file."""
 
     def __init__(self, scan: Scan, split: str, order: np.ndarray, final: Path, shard: int,
@@ -79,17 +79,17 @@ class _ShardWriter:
         except FormatError:
             meta = None
         if meta is not None and meta.fingerprint != self.fingerprint:
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"{self.partial} is an unfinished write of a different command: "
-                f"{_what_differs(meta, self.scan, self.opt)}. Re-run that command to finish "
+                f"{what_differs(meta, self.scan, self.opt)}. Re-run that command to finish "
                 "it, or pass --overwrite to discard it and start again")
         if meta is not None and meta.bad_files and self.opt.strict:
             path, why = meta.bad_files[0]
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"{self.partial} is an unfinished write started without --strict that already "
                 f"skipped {len(meta.bad_files)} bad file(s) (e.g. {path}: {why}); re-run with "
                 "--overwrite to start again with --strict, or without --strict to finish it "
-                f"(the skipped files are then listed in {_report_path(self.final)})")
+                f"(the skipped files are then listed in {report_path(self.final)})")
         if meta is None:
             o = self.opt
             meta = Meta(split=self.split, classes=[stored_name(c) for c in self.scan.classes],
@@ -115,7 +115,7 @@ class _ShardWriter:
         i = int(self.order[pos])
         rel = self.scan.paths[i]
         try:
-            data = _read_regular(self.scan.root / rel)
+            data = read_regular(self.scan.root / rel)
         except OSError as e:
             return pos, None, f"cannot read: {e.strerror or e}", None
         return (pos, *prepare_record(data, int(self.scan.labels[i]), rel, self.opt))
@@ -256,7 +256,7 @@ class _ShardWriter:
         # may be writing the file (or finish and rename it while this one waits)
         lockf = os.fdopen(os.open(self.partial, os.O_RDONLY | os.O_CREAT, 0o644), "rb")
         try:
-            _lock_or_fail(lockf, self.partial)
+            lock_or_fail(lockf, self.partial)
             held = os.fstat(lockf.fileno())
             now = os.stat(self.partial) if self.partial.exists() else None
         except BaseException:
@@ -265,13 +265,13 @@ class _ShardWriter:
         if now is None or not os.path.samestat(now, held):
             lockf.close()  # finished (renamed) by the run we waited for: is it this one's?
             if self.final.exists() and not self.opt.overwrite:
-                return _existing(self.final, self.fingerprint, self.scan, self.opt)
+                return existing_result(self.final, self.fingerprint, self.scan, self.opt)
             raise RuntimeError(f"{self.partial} was moved by another process while this one "
                                "waited for it; re-run the command")
         if self.opt.overwrite:  # only now, with the lock: never under a writer still at work
-            _remove_db(self.final)
+            remove_db(self.final)
             os.truncate(self.partial, 0)  # (the lock is on this file: emptied, not removed)
-            _lock_file(self.partial).unlink(missing_ok=True)
+            lock_file(self.partial).unlink(missing_ok=True)
         self._fd = lockf.fileno()
         env = None
         try:
@@ -290,7 +290,7 @@ class _ShardWriter:
                 meta.extents = self._relocate_small(env, ext).tobytes()
             self._commit(env, [], meta)
             env.sync(True)
-            _write_report(self.final, meta.bad_files, meta.warned_files)  # before the rename
+            write_report(self.final, meta.bad_files, meta.warned_files)  # before the rename
         except BaseException:
             if env is not None:
                 env.close()
@@ -303,7 +303,7 @@ class _ShardWriter:
         finally:
             lockf.close()
             self._fd = None
-        _lock_file(self.partial).unlink(missing_ok=True)
+        lock_file(self.partial).unlink(missing_ok=True)
         dirfd = os.open(self.final.parent, os.O_RDONLY)
         try:
             os.fsync(dirfd)
@@ -376,27 +376,27 @@ class _ShardWriter:
             bar.close()
 
 
-def _existing(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions) -> ShardResult:
+def existing_result(final: Path, fingerprint: str, scan: Scan, opt: WriteOptions) -> ShardResult:
     """The result of ``final``, already complete, if this command (``scan``, ``opt``, whose
     plan has ``fingerprint``) wrote it: not with ``--strict`` if it skipped bad files."""
     meta = file_meta(final)
     if meta is None or not meta.complete or meta.fingerprint != fingerprint:
         why = ("different sources, order or options" if meta is None
-               else _what_differs(meta, scan, opt))
-        raise FileExistsError(f"{final} already exists and was not written by this command "
-                              f"({why}); pass --overwrite to replace it, or choose another "
-                              "output folder")
+               else what_differs(meta, scan, opt))
+        raise OutputExistsError(f"{final} already exists and was not written by this command "
+                                f"({why}); pass --overwrite to replace it, or choose another "
+                                "output folder")
     if opt.strict and meta.bad_files:
-        raise FileExistsError(f"{final} was written without --strict and skipped "
-                              f"{len(meta.bad_files)} bad file(s), listed in "
-                              f"{_report_path(final)}; pass --overwrite to write it again with "
-                              "--strict (it stops at the first bad file), or run without "
-                              "--strict to accept it")
+        raise OutputExistsError(f"{final} was written without --strict and skipped "
+                                f"{len(meta.bad_files)} bad file(s), listed in "
+                                f"{report_path(final)}; pass --overwrite to write it again with "
+                                "--strict (it stops at the first bad file), or run without "
+                                "--strict to accept it")
     return ShardResult(final, meta.num_records, meta.image_bytes, meta.bad_files, 0.0, skipped=True,
                        warned_files=meta.warned_files)
 
 
 #: Prepared records of order positions, in order: ``(position, value, digest, warning or
 #: None)`` or ``(position, None, reason, None)`` for a bad source (what
-#: ``_ShardWriter._prepare`` gives).
+#: ``ShardWriter._prepare`` gives).
 Feed = Callable[[range], Iterator[tuple[int, "bytes | None", "bytes | str", "str | None"]]]

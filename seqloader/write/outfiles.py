@@ -12,10 +12,11 @@ from pathlib import Path
 
 from ..format.files import bad_files_path, is_shard_name
 
-__all__ = ['WARNED']
+__all__ = ["WARNED", "lock_or_fail", "lock_file", "partials", "remove_partial", "remove_db",
+           "report_path", "read_regular", "write_report"]
 
 
-def _lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
+def lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
     """Take the writer's exclusive lock on ``partial``.  A killed writer's decode workers
     hold it for a moment after it dies (they die with it), hence a little patience."""
     deadline = time.monotonic() + patience
@@ -30,12 +31,12 @@ def _lock_or_fail(lockf, partial: Path, patience: float = 5.0) -> None:
             time.sleep(0.05)
 
 
-def _lock_file(path: Path) -> Path:
+def lock_file(path: Path) -> Path:
     """The lock file LMDB keeps beside a database file."""
     return path.with_name(path.name + "-lock")
 
 
-def _partials(out: Path) -> list[Path]:
+def partials(out: Path) -> list[Path]:
     """The unfinished writes of output ``out`` (``X.lmdb``) in any layout that exist:
     ``X.lmdb.partial`` and ``X-NNNNN-of-NNNNN.lmdb.partial``."""
     single = out.with_name(out.name + ".partial")
@@ -44,19 +45,19 @@ def _partials(out: Path) -> list[Path]:
     return ([single] if single.exists() else []) + sorted(shards)
 
 
-def _remove_partial(partial: Path) -> None:
+def remove_partial(partial: Path) -> None:
     """Remove an unfinished write (and LMDB's lock file), unless a writer holds it."""
     try:
         f = open(partial, "rb")
     except FileNotFoundError:
         return
     with f:
-        _lock_or_fail(f, partial)
-        _remove_db(partial)
+        lock_or_fail(f, partial)
+        remove_db(partial)
 
 
-def _remove_db(path: Path) -> None:
-    for p in (path, _lock_file(path)):
+def remove_db(path: Path) -> None:
+    for p in (path, lock_file(path)):
         p.unlink(missing_ok=True)
 
 
@@ -66,11 +67,11 @@ def _tsv(field: str) -> str:
             .replace("\r", "\\r"))
 
 
-def _report_path(final: Path) -> Path:
+def report_path(final: Path) -> Path:
     return bad_files_path(final)
 
 
-def _read_regular(path: Path) -> bytes:
+def read_regular(path: Path) -> bytes:
     """The bytes of a regular file; OSError for anything else named like an image -- a
     FIFO would block the reader forever, so it is opened without blocking and refused
     (the scan lists names only, and a stat per name there would cost a metadata round
@@ -87,13 +88,13 @@ def _read_regular(path: Path) -> bytes:
 WARNED = "stored, but a decoder warned: "
 
 
-def _write_report(final: Path, bad_files: list[list[str]],
+def write_report(final: Path, bad_files: list[list[str]],
                   warned_files: list[list[str]] = ()) -> None:
     """The bad-files report of ``final`` (none if there are none): the skipped files,
     then those stored although a decoder warned (reason ``WARNED`` + the warning);
     replaced atomically and synced: written before ``final`` appears, so a complete
     database never lacks it (the rename's directory sync covers its name too)."""
-    report = _report_path(final)
+    report = report_path(final)
     rows = list(bad_files) + [[p, WARNED + w] for p, w in warned_files]
     if not rows:
         report.unlink(missing_ok=True)

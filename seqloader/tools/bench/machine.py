@@ -1,15 +1,95 @@
-"""The process tree of a benchmark run: its processes, their CPU time and memory
-(from ``/proc``), sampled by a background monitor."""
+"""The machine and the process tree a benchmark runs on, from ``/proc`` and ``/sys`` (best
+effort): storage of a path, disk and page-fault counters, memory and CPU model; the
+processes of a run, their CPU time and memory, sampled by a background monitor."""
 from __future__ import annotations
 
 import os
+import platform
 import threading
 import time
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable
 
-__all__ = ["process_tree"]
+__all__ = ["storage", "disk_read_bytes", "major_faults", "meminfo", "cpu_model", "process_tree",
+           "cpu_seconds", "smaps", "alive", "usable_cores", "TreeMonitor", "CLK_TCK"]
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+def storage(path: str | Path) -> dict[str, Any]:
+    """Mount point, device, filesystem type and rotational flag of ``path`` (best effort)."""
+    out: dict[str, Any] = {"mount": None, "device": None, "fstype": None, "rotational": None}
+    try:
+        real = os.path.realpath(path)
+        best = ""
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                mnt = mnt.replace("\\040", " ")
+                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best):
+                    best, out["mount"], out["device"], out["fstype"] = mnt, mnt, dev, fstype
+        dev = out["device"] or ""
+        if dev.startswith("/dev/"):
+            sysdev = os.path.realpath(f"/sys/class/block/{os.path.basename(os.path.realpath(dev))}")
+            for d in (sysdev, os.path.dirname(sysdev)):
+                rot = os.path.join(d, "queue", "rotational")
+                if os.path.exists(rot):
+                    with open(rot) as f:
+                        out["rotational"] = f.read().strip() == "1"
+                    break
+    except OSError:
+        pass
+    return out
+
+
+def disk_read_bytes(device: str | None) -> int | None:
+    """Bytes read so far from block ``device`` (e.g. ``/dev/vda``), from sysfs; None if
+    unknown.  Whole-device counter: other readers of the same disk count too."""
+    if not device or not device.startswith("/dev/"):
+        return None
+    try:
+        name = os.path.basename(os.path.realpath(device))
+        with open(f"/sys/class/block/{name}/stat") as f:
+            return int(f.read().split()[2]) * 512
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def major_faults() -> int | None:
+    """Page faults the kernel served from disk so far, machine-wide (/proc/vmstat)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("pgmajfault "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def meminfo() -> dict[str, int]:
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                out[k] = int(v.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _SMAPS_KEYS = {b"Rss:": "rss", b"Pss:": "pss", b"Private_Clean:": "uss",
                b"Private_Dirty:": "uss", b"Anonymous:": "anon"}
 
@@ -64,17 +144,17 @@ def process_tree(root: int | None = None) -> list[int]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
     fields = stat[stat.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
 
 
-def _smaps(pid: int) -> dict[str, int] | None:
+def smaps(pid: int) -> dict[str, int] | None:
     """kB of Rss, Pss, USS (Private_Clean + Private_Dirty) and Anonymous of ``pid``."""
     out = {"rss": 0, "pss": 0, "uss": 0, "anon": 0}
     try:
@@ -88,7 +168,7 @@ def _smaps(pid: int) -> dict[str, int] | None:
     return out
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -97,14 +177,14 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2:][:1] != b"Z"
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
 
 
-class _TreeMonitor:
+class TreeMonitor:
     """Samples the memory of this process plus its descendants (except ``exclude``) in
     a background thread; tracks peaks and each process's last CPU time.
 
@@ -147,8 +227,8 @@ class _TreeMonitor:
         total = {"rss": 0, "pss": 0, "uss": 0, "anon": 0}
         n = 0
         for pid in self.pids():
-            m = _smaps(pid)
-            cpu = _cpu_seconds(pid)
+            m = smaps(pid)
+            cpu = cpu_seconds(pid)
             if m is None:
                 continue
             n += 1
@@ -167,7 +247,7 @@ class _TreeMonitor:
     def cpu_snapshot(self) -> dict[int, float]:
         snap = {}
         for pid in self.pids():
-            cpu = _cpu_seconds(pid)
+            cpu = cpu_seconds(pid)
             if cpu is not None:
                 snap[pid] = cpu
         with self._lock:
@@ -196,7 +276,7 @@ class _TreeMonitor:
             except Exception:  # never let sampling kill a benchmark
                 pass
 
-    def start(self) -> "_TreeMonitor":
+    def start(self) -> "TreeMonitor":
         self.sample()
         self._thread = threading.Thread(target=self._run, name="seqloader-bench-monitor",
                                         daemon=True)
@@ -207,4 +287,3 @@ class _TreeMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-

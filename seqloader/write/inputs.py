@@ -1,0 +1,81 @@
+"""Which source reads a split's input files: :func:`source_kind` tells the kind from a
+file's first members, :func:`open_source` opens the source of that kind (the archives of
+:mod:`seqloader.write.archives`, or the LMDB files of :mod:`seqloader.write.migrate`)."""
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+from typing import Sequence
+
+from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
+from .migrate import TensorpackLMDB
+from .scan import is_image_file
+from .sources import (LABEL_EXTS, TAR_SUFFIXES, Source, clean_name, open_archive, tar_at,
+                      tar_members)
+
+__all__ = ["open_source", "source_kind"]
+
+
+def _first_files(path: Path, n: int = 32) -> list[tarfile.TarInfo]:
+    f, raw = open_archive(path)
+    try:
+        tf = tar_at(f, 0, str(path))
+        out = []
+        for m in tar_members(tf, str(path)):
+            if m.isfile():
+                out.append(m)
+            if len(out) >= n:
+                break
+        return out
+    finally:
+        f.close()
+        raw.close()
+
+
+def source_kind(path: str | Path, *, labels: bool = False) -> str:
+    """``"lmdb"``, ``"tar-of-tars"``, ``"webdataset"``, ``"flat"`` or ``"tree"``, from the
+    file's first members (ValueError for anything else)."""
+    path = Path(path)
+    if path.is_dir() or path.suffix in (".lmdb", ".mdb"):
+        return "lmdb"
+    members = _first_files(path)
+    names = [clean_name(m.name) for m in members]
+    if names and names[0].lower().endswith(TAR_SUFFIXES):
+        return "tar-of-tars"
+    if any(n.rsplit("/", 1)[-1].partition(".")[2].lower() in LABEL_EXTS for n in names):
+        return "webdataset"
+    images = [n for n in names if is_image_file(n.rsplit("/", 1)[-1])]
+    if labels:
+        return "flat"
+    if images and "/" in images[0]:
+        return "tree"
+    raise ValueError(f"{path}: cannot tell how its images are labelled (first members: "
+                     f"{names[:3]}); expected a tar of per-class tars, a tar of class "
+                     "folders, webdataset shards (key.jpg + key.cls/.json), or flat images "
+                     "with --val-labels FILE")
+
+
+def open_source(files: Sequence[str | Path], *, split: str = "",
+                labels_file: str | Path | None = None,
+                classes: Sequence[str] | None = None) -> Source:
+    """The source of one split's ``files`` (all of one kind; webdataset shards in the
+    order given).  ``labels_file`` labels a flat tar; ``classes`` fixes the class list
+    labels index into (give the train split's, so that val's labels agree)."""
+    files = [Path(f) for f in files]
+    if not files:
+        raise ValueError("no source files given")
+    kinds = {source_kind(f, labels=labels_file is not None) for f in files}
+    if len(kinds) > 1:
+        raise ValueError(f"the files of split {split!r} are of different kinds ({sorted(kinds)})"
+                         "; give one split's files of one kind")
+    kind = kinds.pop()
+    if labels_file is not None and kind != "flat":
+        raise ValueError(f"a labels file was given for {files[0]}, but it is a {kind} source "
+                         "whose labels are inside it; drop --val-labels")
+    if kind == "lmdb":
+        return TensorpackLMDB(files, classes=classes)
+    if kind == "flat":
+        return FlatTar(files, labels_file, classes=classes)
+    if kind == "tree":
+        return TreeTar(files, split=split, classes=classes)
+    return {"tar-of-tars": TarOfTars, "webdataset": WebDataset}[kind](files, classes=classes)
