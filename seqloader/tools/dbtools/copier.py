@@ -31,6 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import __version__
+from ...errors import OutputExistsError
 from ...format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
 from ...format.files import db_name, shard_files, shard_path
 from ...format.keys import META_KEY, encode_key
@@ -94,7 +95,7 @@ def _check_layout(plan: CopyPlan, folder: Path, overwrite: bool) -> None:
         if final in ours and meta is not None and meta.fingerprint == plan.fingerprint:
             continue  # this command's (finished, or to resume)
         if not overwrite:
-            raise FileExistsError(f"{p} already exists and was not written by this command; "
+            raise OutputExistsError(f"{p} already exists and was not written by this command; "
                                   "pass --overwrite to replace it, or choose another output folder")
         p.unlink()
         p.with_name(p.name + "-lock").unlink(missing_ok=True)

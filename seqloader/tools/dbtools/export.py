@@ -30,6 +30,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from ...errors import FormatError, OutputExistsError
 from ...format.records import Record, unpack_record
 from ...read.database import Database, open_database
 from .reshard import database_splits_at
@@ -154,8 +155,8 @@ def _export_split(db: Database, staging: Path, to: str, targets: str, shard_byte
                 tars.add([(f"{key}.{ext}", image), (f"{key}.{target[0]}", target[1])])
             bar.update(1)
     except FileExistsError as e:
-        raise FileExistsError(f"{e.filename}: two records store this file name; export to "
-                              "webdataset instead (its keys are record indices)") from None
+        raise FormatError(f"{e.filename}: two records store this file name; export to "
+                          "webdataset instead (its keys are record indices)") from None
     finally:
         bar.close()
         stream.close()
@@ -178,7 +179,7 @@ def export(path: str | Path, out: str | Path, *, to: str = "tree", split: str | 
         raise ValueError(f"--shard-size must be positive, got {shard_bytes}")
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it, or "
+        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it, or "
                               "choose another output folder")
     dbs = [open_database(path, s) for s in database_splits_at(path, split)]
     staging = out.with_name(out.name + ".partial")

@@ -1,5 +1,5 @@
 """``reshard`` and ``merge``: copy databases, as stored, into another shard layout or
-into one split (NOTE [ copies ] in :mod:`.copier`); optionally reshuffled (:mod:`.shuffle`)."""
+into one split (NOTE [ copies ] in :mod:`.copier`); optionally reshuffled (:mod:`.reshuffle`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +9,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ...errors import OutputExistsError
 from ...format.files import db_name, shard_path
 from ...read.database import Database, open_database
 from .copier import CopyPlan, output_file, write_copy
-from .shuffle import ShuffledValues
+from .reshuffle import ShuffledValues
 from .stream import Part, RecordStream, plan_fingerprint
 
 __all__ = ["CopyReport", "copy_parts", "reshard", "merge", "database_splits_at",
@@ -66,7 +67,7 @@ def copy_parts(parts: Sequence[Part], out: str | Path, split: str, classes: list
     _check_kinds(parts)
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output {out} is a file; name a folder (it is created if missing)")
+        raise OutputExistsError(f"output {out} is a file; name a folder (it is created if missing)")
     inputs = {q.resolve() for p in parts for q in p.db.paths if isinstance(q, Path)}
     if shards < 1:
         raise ValueError(f"--shards {shards}: give a number of files >= 1")
@@ -154,7 +155,7 @@ def merge(sources: Sequence[str | Path], out: str | Path, *, into: str | None = 
     the split ``into``, or -- without it -- by split name (the train databases into
     train, the val ones into val, ...).  Class lists are united by name (labels
     renumbered where a source's differ); records keep their order (sources in the order
-    given) unless ``shuffle``, a seeded reshuffle with sequential I/O (:mod:`.shuffle`)."""
+    given) unless ``shuffle``, a seeded reshuffle with sequential I/O (:mod:`.reshuffle`)."""
     if not sources:
         raise ValueError("merge needs at least one source database")
     groups: dict[str, list[Database]] = {}

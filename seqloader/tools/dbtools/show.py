@@ -24,6 +24,7 @@ from typing import Sequence
 import cv2
 import numpy as np
 
+from ...errors import OutputExistsError
 from ...format.jpeg import jpeg_info
 from ...format.records import Record, unpack_record
 from ...read.database import Database, open_database
@@ -192,7 +193,7 @@ def show(path: str | Path, *, split: str | None = None, count: int = 16, pick: s
     db = open_database(path, split)
     out = Path(out) if out is not None else None
     if out is not None and out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
+        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
     indices = pick_records(db, count, pick=pick, seed=seed, classes=classes)
     infos, images = [], []
     reader = RangeReader(db)
