@@ -20,6 +20,15 @@ __all__ = ["describe", "format_info", "SAMPLE_TARGETS"]
 SAMPLE_TARGETS = 5
 
 
+def _names(db: Database) -> list[str]:
+    """The files' paths, or URLs without credentials (a remote database)."""
+    if db.remote is None:
+        return [str(p) for p in db.paths]
+    from ...read.remote import safe_url
+
+    return [safe_url(str(u)) for u in db.paths]
+
+
 def _file_sizes(db: Database) -> list[int]:
     if db.remote is not None:
         return [f.size for f in db.remote.files]
@@ -29,8 +38,8 @@ def _file_sizes(db: Database) -> list[int]:
 def _spread(db: Database, sizes: list[int]) -> dict[str, Any] | None:
     """Record sizes (bytes per stored record) from the metadata's extents."""
     lengths = []
-    for m, size, p in zip(db.metas, sizes, db.paths):
-        ext = meta_extents(m, size, where=str(p)) if m.complete else None
+    for m, size, p in zip(db.metas, sizes, _names(db)):
+        ext = meta_extents(m, size, where=p) if m.complete else None
         if ext is None:
             return None
         lengths.append(ext["length"])
@@ -50,7 +59,7 @@ def _first_records(db: Database, k: int) -> list:
     k = min(k, db.metas[0].num_records)
     reader = RangeReader(db)
     try:
-        return [unpack_record(v, where=f"{db.paths[0]} record {i}")
+        return [unpack_record(v, where=f"{_names(db)[0]} record {i}")
                 for i, v in reader.read([(0, k)])]
     finally:
         reader.close()
@@ -81,7 +90,7 @@ def describe(path: str | Path, split: str | None = None) -> dict[str, Any]:
             list(jpeg_info(r.image)[:2]) if jpeg_info(r.image) else None)
     scan = grid_scan(first[0].image) if first and first[0].shape is None else None
     return {
-        "paths": [str(p) for p in db.paths], "split": db.split, "num_records": db.num_records,
+        "paths": _names(db), "split": db.split, "num_records": db.num_records,
         "format_version": m0.version, "complete": all(m.complete for m in db.metas),
         "image_format": m0.image_format, "short_side": (m0.writer or {}).get("short_side"),
         "target_kind": kind,
@@ -91,8 +100,8 @@ def describe(path: str | Path, split: str | None = None) -> dict[str, Any]:
             "min": int(per_class.min()) if len(per_class) else 0,
             "max": int(per_class.max()) if len(per_class) else 0,
             "empty_classes": int((per_class == 0).sum())},
-        "shards": [{"path": str(p), "records": m.num_records, "file_bytes": s,
-                    "image_bytes": m.image_bytes} for p, m, s in zip(db.paths, db.metas, sizes)],
+        "shards": [{"path": p, "records": m.num_records, "file_bytes": s,
+                    "image_bytes": m.image_bytes} for p, m, s in zip(_names(db), db.metas, sizes)],
         "shard_sizes": list(db.shard_sizes),
         "image_bytes": db.image_bytes, "file_bytes": sum(sizes),
         "record_bytes": _spread(db, sizes),
