@@ -1,4 +1,5 @@
-"""The ``seqloader`` command: preprocess, info, verify, synth, demo, bench."""
+"""The ``seqloader`` command: preprocess, info, verify, synth, demo, bench, and the dataset
+tools (show, subset, reshard, merge, export: :mod:`seqloader.tools.dbtools`)."""
 from __future__ import annotations
 
 import argparse

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import fcntl
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ def _check_layout(plan: CopyPlan, folder: Path, overwrite: bool) -> None:
     ours = {shard_path(output_file(folder, plan.split), k, plan.shards) for k in range(plan.shards)}
     for p in split_outputs(folder, plan.split):
         final = p.with_name(p.name[:-len(".partial")]) if p.name.endswith(".partial") else p
+        if final != p and p.stat().st_size == 0:  # (created, then killed before a commit)
+            p.unlink()
+            continue
         meta = file_meta(p) if p.stat().st_size else None
         if final in ours and meta is not None and meta.fingerprint == plan.fingerprint:
             continue  # this command's (finished, or to resume)
@@ -166,6 +170,13 @@ class _ShardCopy:
         # extents as records are committed (a resumed file: by a walk at the end)
         self.ext: list[np.ndarray] | None = [] if meta.num_records == 0 else None
         self.fd = os.open(self.partial, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            env.close()
+            os.close(self.fd)
+            raise RuntimeError(f"another process is writing {self.partial}; wait for it or stop "
+                               "it before re-running") from None
         try:
             self.bar.update(meta.num_records)
             self._write(env, meta, values(start + meta.num_records, stop))
