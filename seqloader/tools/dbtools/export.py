@@ -16,7 +16,6 @@ leaves only the ``.partial`` folder, which the next run discards and redoes.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import posixpath
@@ -27,16 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import msgpack
 import numpy as np
 from tqdm import tqdm
 
 from ...errors import FormatError, OutputExistsError
-from ...format.records import Record, unpack_record
+from ...format.records import IMAGE_HEAD, Record, image_span, unpack_record
+from ...format.targets import decode_target
 from ...read.database import Database, open_database
 from .reshard import database_splits_at
 from .stream import Part, RecordStream
 
-__all__ = ["export", "ExportReport", "EXPORT_FORMATS", "tree_name", "DEFAULT_SHARD_BYTES"]
+__all__ = ["export", "ExportReport", "EXPORT_FORMATS", "tree_name", "stored_record",
+           "DEFAULT_SHARD_BYTES"]
 
 EXPORT_FORMATS = ("tree", "webdataset")
 DEFAULT_SHARD_BYTES = 1 << 30
@@ -63,7 +65,31 @@ def tree_name(rec: Record, index: int, split: str, class_name: str, ext: str = "
     return f"{class_name}/{parts[-1] if parts else f'{split}_{index:08d}{ext}'}"
 
 
-def _image(rec: Record) -> bytes:
+def stored_record(value: bytes | memoryview, where: str) -> Record:
+    """The record ``value`` with ``image`` a view of its bytes (NOTE [ record layout ]: the
+    image comes first; the fields after it are unpacked, the image is not copied); any
+    other layout is unpacked whole."""
+    mv = memoryview(value)
+    span = image_span(mv[:IMAGE_HEAD], len(mv))
+    if span is None:
+        return unpack_record(value, where=where)
+    up = msgpack.Unpacker(raw=False)
+    up.feed(mv[span[1]:])
+    try:
+        d = dict((up.unpack(), up.unpack()) for _ in range((mv[0] & 0x0F) - 1))
+    except Exception:  # (msgpack raises several types) -- the full check names the fault
+        return unpack_record(value, where=where)
+    if not isinstance(d.get("label", -1), int):
+        return unpack_record(value, where=where)
+    shape = tuple(d["shape"]) if "shape" in d else None
+    if shape is not None and (len(shape) != 3 or span[1] - span[0] != shape[0] * shape[1] * 3):
+        return unpack_record(value, where=where)
+    return Record(mv[span[0]:span[1]], d.get("label", -1), d.get("path"), d.get("reencoded"),
+                  target=decode_target(d["target"], where) if "target" in d else None,
+                  shape=shape)
+
+
+def _image(rec: Record) -> bytes | memoryview:
     if rec.shape is None:
         return rec.image
     rgb = np.frombuffer(rec.image, np.uint8).reshape(rec.shape)
@@ -86,33 +112,38 @@ def _jsonable(v: Any) -> Any:
 
 
 class _Tars:
-    """Webdataset shards of one split, each closed once past ``shard_bytes``."""
+    """Webdataset shards of one split, each closed once past ``shard_bytes``: ustar
+    members written straight from the records' bytes (as :mod:`tarfile` writes them,
+    without its 16 KiB copies)."""
 
     def __init__(self, folder: Path, split: str, shard_bytes: int):
         self.folder, self.split, self.shard_bytes = folder, split, shard_bytes
-        self.tar: tarfile.TarFile | None = None
+        self.f = None
         self.count = self.size = 0
 
-    def add(self, files: list[tuple[str, bytes]]) -> None:
-        if self.tar is None or self.size >= self.shard_bytes:
+    def add(self, files: list[tuple[str, bytes | memoryview]]) -> None:
+        if self.f is None or self.size >= self.shard_bytes:
             self.close()
-            self.f = open(self.folder / f"{self.split}-{self.count:06d}.tar", "wb")
-            self.tar = tarfile.open(fileobj=self.f, mode="w", format=tarfile.USTAR_FORMAT)
+            self.f = open(self.folder / f"{self.split}-{self.count:06d}.tar", "wb",
+                          buffering=1 << 20)
             self.count += 1
             self.size = 0
         for name, data in files:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
-            self.tar.addfile(info, io.BytesIO(data))
-            self.size += len(data) + 1024
+            self.f.write(info.tobuf(tarfile.USTAR_FORMAT))
+            self.f.write(data)
+            self.f.write(b"\0" * (-len(data) % tarfile.BLOCKSIZE))
+            self.size += tarfile.BLOCKSIZE + len(data) + (-len(data) % tarfile.BLOCKSIZE)
 
     def close(self) -> None:
-        if self.tar is not None:
-            self.tar.close()
+        if self.f is not None:
+            end = 2 * tarfile.BLOCKSIZE  # two zero blocks, padded to a whole record
+            self.f.write(b"\0" * (end + (-(self.size + end) % tarfile.RECORDSIZE)))
             self.f.flush()
             os.fsync(self.f.fileno())
             self.f.close()
-            self.tar = None
+            self.f = None
 
 
 def _export_split(db: Database, staging: Path, to: str, targets: str, shard_bytes: int,
@@ -134,7 +165,7 @@ def _export_split(db: Database, staging: Path, to: str, targets: str, shard_byte
                dynamic_ncols=True, smoothing=0.05)
     try:
         for i, value in enumerate(stream(0, db.num_records)):
-            rec = unpack_record(value, where=f"{db.paths[0]} record {i}")
+            rec = stored_record(value, f"{db.paths[0]} record {i}")
             image = _image(rec)
             nbytes += len(image)
             if tars is None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import tarfile
 import warnings
 
@@ -103,3 +104,29 @@ def test_export_is_atomic_refuses_to_overwrite_and_reruns(lmdb_dir, tmp_path, ca
     assert cli(["export", str(lmdb_dir), str(out), "--format", "webdataset", "--overwrite",
                 "--no-progress"]) == 0
     assert sorted(p.name for p in out.iterdir())[:2] == ["train-000000.tar", "train-classes.txt"]
+
+
+def test_stored_record_is_unpack_record_without_the_copy(lmdb_dir, tmp_path):
+    import numpy as np
+
+    from seqloader.format.records import Record, pack_record, unpack_record
+    from seqloader.tools.dbtools.export import stored_record
+    from seqloader.write.dataset import write_dataset
+
+    rng = np.random.default_rng(0)
+    write_dataset([(rng.integers(0, 255, (6, 5, 3), np.uint8), {"a": np.arange(3)})
+                   for _ in range(3)], tmp_path / "any", image_format="pixels", progress=False,
+                  workers=1)
+    values = [pack_record(r) for _, r in read_records(lmdb_dir / "ILSVRC-val.lmdb")]
+    values += [pack_record(r) for _, r in read_records(tmp_path / "any" / "ILSVRC-train.lmdb")]
+    values.append(pack_record(Record(b"\xff\xd8xx", 3, extra={"z": 1})))
+    for v in values:
+        a, b = stored_record(v, "v"), unpack_record(v)
+        assert isinstance(a.image, memoryview) and bytes(a.image) == b.image
+        assert (a.label, a.path, a.reencoded, a.shape) == (b.label, b.path, b.reencoded, b.shape)
+        assert repr(a.target) == repr(b.target)
+    export(tmp_path / "any", tmp_path / "wds", to="webdataset", progress=False)
+    with tarfile.open(tmp_path / "wds" / "train-000000.tar") as tf:
+        names = tf.getnames()
+        assert names[:2] == ["00000000.png", "00000000.json"]
+        assert json.loads(tf.extractfile(names[1]).read())["target"] == {"a": [0, 1, 2]}
