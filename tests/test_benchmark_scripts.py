@@ -362,3 +362,16 @@ def test_raw_cpu_compares_checkouts(lmdb_dir):
                 "--consume", "copy", cwd=root)
     lines = [x for x in p.stdout.splitlines() if x.startswith("round 0")]
     assert len(lines) == 2 and lines[0].split()[-2] == lines[1].split()[-2]
+
+
+def test_dbtools_hdd_script(lmdb_dir, tmp_path):
+    """Every step of benchmarks/dbtools_hdd.py runs (a fake hddsim: the wiring only)."""
+    fake = tmp_path / "fake-hddsim"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    p = _script("dbtools_hdd.py", str(lmdb_dir), str(tmp_path / "work"), "--hddsim", str(fake),
+                "--json", str(tmp_path / "r.json"), cwd=tmp_path)
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert [r["step"] for r in rows][:3] == ["read", "reshard", "subset-half"] and len(rows) == 9
+    assert all(r["wall_s"] >= 0 and r["source_bytes"] > 0 for r in rows)
+    assert all(r["output_bytes"] > 0 for r in rows[1:]) and p.stdout.count("\n") == 9
