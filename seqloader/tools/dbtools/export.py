@@ -35,7 +35,7 @@ from ...format.records import IMAGE_HEAD, Record, image_span, unpack_record
 from ...format.targets import decode_target
 from ...read.database import Database, open_database
 from .reshard import database_splits_at
-from .stream import Part, RecordStream
+from .stream import RecordStream, Selection
 
 __all__ = ["export", "ExportReport", "EXPORT_FORMATS", "tree_name", "stored_record",
            "DEFAULT_SHARD_BYTES"]
@@ -153,7 +153,7 @@ def _export_split(db: Database, staging: Path, to: str, targets: str, shard_byte
         raise ValueError(f"{db.paths[0]}: its targets are not classes, so it has no class "
                          "folders; export it as --format webdataset (with .json targets)")
     classes, split = db.classes, db.split
-    stream = RecordStream([Part(db, np.arange(db.num_records))])
+    stream = RecordStream([Selection(db, np.arange(db.num_records))])
     tars = _Tars(staging, split, shard_bytes) if to == "webdataset" else None
     if to == "tree":
         for c in classes:

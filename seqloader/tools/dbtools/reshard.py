@@ -14,7 +14,7 @@ from ...format.files import db_name, shard_path
 from ...read.database import Database, open_database
 from .copier import CopyPlan, output_file, write_copy
 from .reshuffle import ShuffledValues
-from .stream import Part, RecordStream, plan_fingerprint
+from .stream import RecordStream, Selection, plan_fingerprint
 
 __all__ = ["CopyReport", "copy_parts", "reshard", "merge", "database_splits_at",
            "DEFAULT_MEMORY_BUDGET"]
@@ -46,7 +46,7 @@ def database_splits_at(path: str | Path, split: str | None) -> list[str | None]:
     return list(found)
 
 
-def _check_kinds(parts: Sequence[Part]) -> None:
+def _check_kinds(parts: Sequence[Selection]) -> None:
     first = parts[0].db
     for p in parts[1:]:
         a, b = first.metas[0], p.db.metas[0]
@@ -56,14 +56,15 @@ def _check_kinds(parts: Sequence[Part]) -> None:
                              f"{a.target_kind} targets: only databases of one kind merge")
 
 
-def copy_parts(parts: Sequence[Part], out: str | Path, split: str, classes: list[str], *,
+def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes: list[str], *,
                op: str, shards: int = 1, shard_ids: Sequence[int] | None = None,
                shuffle: bool = False, seed: int = 0,
                memory_budget: int = DEFAULT_MEMORY_BUDGET, scratch: str | Path | None = None,
                overwrite: bool = False, progress: bool = True, provenance: dict | None = None,
-               keep_order_flag: bool = False) -> CopyReport:
+               keeps_order: bool = False) -> CopyReport:
     """Copy ``parts`` (in order, or reshuffled with ``seed``) to split ``split`` of folder
-    ``out`` in ``shards`` files (only ``shard_ids`` of them, if given)."""
+    ``out`` in ``shards`` files (only ``shard_ids`` of them, if given).  ``keeps_order``:
+    the records keep one source's order, so the output keeps its shuffled flag and seed."""
     _check_kinds(parts)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -89,8 +90,8 @@ def copy_parts(parts: Sequence[Part], out: str | Path, split: str, classes: list
     labels = stream.labels()
     fp = plan_fingerprint(op, parts, split, classes, shards, shuffle, seed if shuffle else None)
     plan = CopyPlan(split, n, labels, template, fp, shards, shard_ids,
-                    shuffled=shuffle or (keep_order_flag and first.shuffled),
-                    seed=seed if shuffle else (first.seed if keep_order_flag else None),
+                    shuffled=shuffle or (keeps_order and first.shuffled),
+                    seed=seed if shuffle else (first.seed if keeps_order else None),
                     provenance={"command": op, **(provenance or {})})
     values = stream
     shuffler = None
@@ -123,11 +124,11 @@ def reshard(path: str | Path, out: str | Path, *, split: str | None = None, shar
     reports = []
     for s in database_splits_at(path, split):
         db = open_database(path, s)
-        part = Part(db, np.arange(db.num_records))
+        part = Selection(db, np.arange(db.num_records))
         reports.append(copy_parts([part], out, db.split, db.classes, op="reshard", shards=shards,
                                   shard_ids=shard_ids, overwrite=overwrite, progress=progress,
                                   provenance={"from": [str(p) for p in db.paths]},
-                                  keep_order_flag=True))
+                                  keeps_order=True))
     return reports
 
 
@@ -173,10 +174,10 @@ def merge(sources: Sequence[str | Path], out: str | Path, *, into: str | None = 
             classes, maps = list(dbs[0].classes), [None] * len(dbs)
         else:
             classes, maps = _merged_classes(dbs)
-        parts = [Part(db, np.arange(db.num_records), m) for db, m in zip(dbs, maps)]
+        parts = [Selection(db, np.arange(db.num_records), m) for db, m in zip(dbs, maps)]
         reports.append(copy_parts(parts, out, split, classes, op="merge", shards=shards,
                                   shuffle=shuffle, seed=seed, memory_budget=memory_budget,
                                   scratch=scratch, overwrite=overwrite, progress=progress,
                                   provenance={"from": [str(p) for db in dbs for p in db.paths]},
-                                  keep_order_flag=len(dbs) == 1))
+                                  keeps_order=len(dbs) == 1))
     return reports

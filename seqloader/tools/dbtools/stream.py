@@ -12,7 +12,7 @@ from ...read.database import Database
 from ...read.reader import RangeReader
 from .copier import relabel
 
-__all__ = ["Part", "RecordStream", "runs", "plan_fingerprint", "BRIDGE_BYTES"]
+__all__ = ["Selection", "RecordStream", "runs", "plan_fingerprint", "BRIDGE_BYTES"]
 
 #: Skipped records between two chosen ones are read through (and dropped) rather than
 #: seeked over when they are fewer bytes than this: a seek costs a disk ~10 ms, the
@@ -31,7 +31,7 @@ BRIDGE_BYTES = 2 << 20
 
 
 @dataclass
-class Part:
+class Selection:
     """Records ``indices`` (global, ascending) of ``db``, in that order; ``label_map``
     (old label -> new, an int array) rewrites each record's label, None keeps it."""
 
@@ -52,11 +52,11 @@ def runs(indices: np.ndarray, bridge: int = 0) -> list[tuple[int, int]]:
 
 
 class RecordStream:
-    """The values of a concatenation of :class:`Part` s, by output position: a
+    """The values of a concatenation of :class:`Selection` s, by output position: a
     ``values(start, stop)`` for :func:`~.copier.write_copy`.  Opens one reader per
     database, in this process; :meth:`close` closes them."""
 
-    def __init__(self, parts: Sequence[Part]):
+    def __init__(self, parts: Sequence[Selection]):
         self.parts = list(parts)
         self.cum = np.concatenate([[0], np.cumsum([len(p.indices) for p in parts])]).astype(np.int64)
         self._readers: dict[int, RangeReader] = {}
@@ -104,7 +104,7 @@ class RecordStream:
         self._readers.clear()
 
 
-def plan_fingerprint(op: str, parts: Sequence[Part], *extra: object) -> str:
+def plan_fingerprint(op: str, parts: Sequence[Selection], *extra: object) -> str:
     """The fingerprint of a tool's output: its sources (their writers' fingerprints and
     checksums), the records chosen, label maps and ``extra`` options."""
     h = hashlib.blake2b(digest_size=16)

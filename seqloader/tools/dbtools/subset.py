@@ -17,7 +17,7 @@ import numpy as np
 
 from ...read.database import open_database
 from .reshard import CopyReport, copy_parts, database_splits_at
-from .stream import Part
+from .stream import Selection
 
 __all__ = ["select", "subset", "class_ids", "write_class_map"]
 
@@ -137,10 +137,10 @@ def subset(path: str | Path, out: str | Path, *, split: str | None = None,
                 "first_classes": first_classes, "random_classes": random_classes,
                 "per_class": per_class, "fraction": fraction, "complement": complement,
                 "renumber": renumber, "seed": seed}
-        rep = copy_parts([Part(db, chosen, label_map)], out, db.split, names, op="subset",
+        rep = copy_parts([Selection(db, chosen, label_map)], out, db.split, names, op="subset",
                          shards=shards, overwrite=overwrite, progress=progress,
                          provenance={"from": [str(p) for p in db.paths], **opts},
-                         keep_order_flag=True)
+                         keeps_order=True)
         if labels is not None:
             write_class_map(Path(out) / f"ILSVRC-{db.split}.classes.tsv", kept, db.classes, renumber)
         reports.append(rep)

@@ -9,7 +9,7 @@ from seqloader.cli import main as cli
 from seqloader.read.database import open_database
 from seqloader.tools.dbtools import merge, reshard, subset
 from seqloader.tools.dbtools.copier import CopyPlan, write_copy
-from seqloader.tools.dbtools.stream import Part, RecordStream, runs
+from seqloader.tools.dbtools.stream import Selection, RecordStream, runs
 from seqloader.read.verify import verify_database
 
 
@@ -82,7 +82,7 @@ def test_a_crash_leaves_no_database_and_a_rerun_resumes(lmdb_dir, tmp_path):
     """Killed after its first commit: only a .partial is left; the re-run resumes it
     after the committed records and writes the bytes of an uninterrupted run."""
     db = open_database(lmdb_dir, "train")
-    stream = RecordStream([Part(db, np.arange(db.num_records))])
+    stream = RecordStream([Selection(db, np.arange(db.num_records))])
     plan = CopyPlan("train", db.num_records, db.labels(), db.metas[0], "fp-test")
 
     def dying(start, stop):
