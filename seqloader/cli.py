@@ -10,9 +10,9 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from .errors import FormatError
+from .errors import SeqloaderError
 
-__all__ = ["main", "add_preprocess_arguments", "run_preprocess"]
+__all__ = ["main", "add_preprocess_arguments", "run_preprocess", "one_line"]
 
 
 def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                    help="store JPEG bytes (%(default)s) or decoded uint8 pixels, which the "
                         "Loader reads without decoding: for hosts where decoding, not the "
                         "disk, limits training (3 bytes a pixel: pair it with --short-side; "
-                        "`seqloader bench --compare-formats` tells which is faster)")
+                        "'seqloader bench --compare-formats' tells which is faster)")
     p.add_argument("--short-side", type=int, metavar="PX",
                    help="with --format pixels: shrink images whose shorter side exceeds PX to PX")
     p.add_argument("--shards", type=int, default=1, help="files per split (%(default)s)")
@@ -220,9 +220,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="seqloader", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="seqloader", description="Sequential LMDB data loading for PyTorch: write a "
+        "database (preprocess), inspect and check it (info, verify), measure loading (bench); "
+        "synth and demo make synthetic ImageNet-like data. 'seqloader COMMAND --help' for each.")
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree to LMDB")
+    p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree or archives to LMDB")
     add_preprocess_arguments(p)
     p.set_defaults(fn=run_preprocess)
     for name, fn, hlp in (("info", _info, "describe a database"),
@@ -237,18 +240,25 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--workers", type=int, default=None,
                            help="decode processes (default: one per core plus one)")
-            p.add_argument("--no-progress", action="store_true")
+            p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.set_defaults(fn=fn)
     p = sub.add_parser("synth", help="generate a synthetic ImageNet-like folder tree")
-    p.add_argument("dir")
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--per-class", type=int, default=100)
-    p.add_argument("--val-per-class", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bad", type=int, default=0, help="undecodable files to add to train")
-    p.add_argument("--size", choices=("imagenet", "small"), default="imagenet")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("dir", help="output folder: DIR/train/<wnid>/*.JPEG and DIR/val/<wnid>/*.JPEG")
+    p.add_argument("--classes", type=int, default=10, help="number of classes (%(default)s)")
+    p.add_argument("--per-class", type=int, default=100,
+                   help="train images per class (%(default)s)")
+    p.add_argument("--val-per-class", type=int, default=20,
+                   help="val images per class (%(default)s; 0: no val/)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the same seed and options give the same bytes (%(default)s)")
+    p.add_argument("--bad", type=int, default=0,
+                   help="undecodable files to add to train (%(default)s)")
+    p.add_argument("--size", choices=("imagenet", "small"), default="imagenet",
+                   help="image sizes: ImageNet-like (about 500x400 px, ~100 KB) or small "
+                        "thumbnails for quick tests (%(default)s)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes drawing images (%(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(fn=_synth)
     from .tools.bench import add_bench_arguments
 
@@ -267,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
     p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(fn=_demo)
     return ap
 
@@ -294,8 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # (`seqloader info DIR | head`: the reader has all it wanted)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (FormatError, OSError, ValueError, RuntimeError) as e:
-        print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
+    except (SeqloaderError, OSError, ValueError, RuntimeError) as e:
+        # NOTE [ one error boundary ]: what the user gave (files, archives, options, the
+        # disk) fails as one line and exit 2; anything else is a bug in seqloader and keeps
+        # its traceback
+        print(f"seqloader {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = ""
@@ -306,6 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else "; re-run the same command to resume")
         print(f"seqloader {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
+
+
+def one_line(e: BaseException) -> str:
+    """``e``'s message on one line: its first line (a worker's error carries the worker's
+    traceback after it), or its type when it has none."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 if __name__ == "__main__":

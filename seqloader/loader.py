@@ -28,6 +28,8 @@ from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check
                         plan_epoch)
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
+from .dataflow.gpudecode import DecodeStats, GPUDecoder
+from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow import targetregion as _targets  # HOOK [ any targets ]
@@ -69,6 +71,8 @@ class Loader(TrainerFacing, Resumable):
     also get a seeded ``rng``; torchvision transforms get a PIL image) and returns a
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
+    ``decode="gpu"`` (with ``device``) leaves the decoding of a standard recipe to the
+    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`).
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch
@@ -113,7 +117,8 @@ class Loader(TrainerFacing, Resumable):
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
-                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None):
+                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
+                 decode: "str | GPUOptions" = "cpu"):
         for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
                                    ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
                                    ("prefetch_bytes", prefetch_bytes, 1)):
@@ -128,6 +133,7 @@ class Loader(TrainerFacing, Resumable):
         choose_io(io, 0)  # (validates io now, not in the first iteration)
         if output not in ("float", "uint8"):
             raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
+        self.gpu = gpu_options(decode, transform, output, device)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
@@ -164,6 +170,7 @@ class Loader(TrainerFacing, Resumable):
         # and a strong reference back would keep a dropped loader (and its workers)
         # alive until the cyclic GC runs
         self._active: weakref.ref | None = None
+        self._gpu_decoder: GPUDecoder | None = None
 
     # -------------------------------------------------------------- set-up
     @property
@@ -188,11 +195,16 @@ class Loader(TrainerFacing, Resumable):
             df = MultiProcessMapAndBatchData(
                 df, self.num_workers, self.transform, target_transform=self.target_transform,
                 output=self.output, prefetch=self.prefetch, timeout=self.timeout,
-                start_method=self.start_method, read_ahead=self.persistent_workers)
+                start_method=self.start_method, read_ahead=self.persistent_workers,
+                gpu=self.gpu)
             assert df.source.plan_spec == self.plan_spec, (df.source.plan_spec, self.plan_spec)
             df.spec  # (a failing transform or output setting raises here, before any I/O)
             df.reset_state()
             self._engine = df
+            if self.gpu is not None:  # (one per pipeline: its recipe and stream)
+                stats = self._gpu_decoder.stats if self._gpu_decoder is not None else None
+                self._gpu_decoder = GPUDecoder(df.spec, self.device, db=self.db)
+                self._gpu_decoder.stats = stats or self._gpu_decoder.stats
         return self._engine
 
     @property
@@ -212,6 +224,15 @@ class Loader(TrainerFacing, Resumable):
     def _feeder(self) -> LMDBData | None:
         """The pipeline's reader stage (``.reader``: its RangeReader), or None."""
         return None if self._engine is None else self._engine.source
+
+    @property
+    def decode_stats(self) -> DecodeStats | None:
+        """With ``decode="gpu"``: images decoded on the device and those the workers
+        rendered instead, by reason (:class:`~seqloader.dataflow.gpudecode.DecodeStats`);
+        None otherwise."""
+        if self.gpu is None:
+            return None
+        return self._gpu_decoder.stats if self._gpu_decoder is not None else DecodeStats()
 
     @property
     def _device_normalize(self) -> Any:
@@ -284,14 +305,7 @@ class Loader(TrainerFacing, Resumable):
         engine = self._pipeline()
         spec = engine.spec
         try:
-            for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
-                # HOOK [ any targets ]: unpacked from the buffer, collated after the images
-                targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
-                batch = self._materialize(spec, labels if targets is None else labels[:0].view(
-                    np.int64), samples, raw, slot)
-                batch = _targets.collate_batch(batch, targets, self.collate_fn, self.device,
-                                               self.pin_memory)
-                del labels, samples
+            for j, batch in self._batches(engine, spec, epoch, first):
                 if not started:
                     self._start(epoch, first, started)
                 self._position = j + 1
@@ -303,6 +317,25 @@ class Loader(TrainerFacing, Resumable):
             self._active = None
             if not self.persistent_workers:
                 self._stop_workers()
+
+    def _batches(self, engine: MultiProcessMapAndBatchData, spec: BatchSpec, epoch: int,
+                 first: int) -> Iterator[tuple[int, Any]]:
+        """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
+        if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
+            engine.start()  # (in this thread, which outlives the decode thread)
+            for j, batch in self._gpu_decoder.batches(engine.run(epoch, first)):
+                yield j, _targets.collate_batch(batch, None, self.collate_fn, self.device,
+                                                self.pin_memory)
+            return
+        for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
+            # HOOK [ any targets ]: unpacked from the buffer, collated after the images
+            targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
+            batch = self._materialize(spec, labels if targets is None else labels[:0].view(
+                np.int64), samples, raw, slot)
+            batch = _targets.collate_batch(batch, targets, self.collate_fn, self.device,
+                                           self.pin_memory)
+            del labels, samples
+            yield j, batch
 
     def _materialize(self, spec: BatchSpec, labels_v: np.ndarray, images_v: np.ndarray,
                      raw: list[bytes] | None, slot: int | None):
