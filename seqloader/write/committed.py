@@ -60,7 +60,7 @@ def committed_records(partial: Path, fingerprint: str, *, progress: bool) -> Com
         return Committed()
     if progress:  # (before the progress bar)
         print(f"{partial.name}: resuming after {meta.num_records:,} records "
-              f"({meta.image_bytes / 2**30:.2f} GiB); indexing them",
+              f"({meta.image_bytes / 2**30:.2f} GiB); reading them back",
               file=sys.stderr, flush=True)
     reader = RangeReader(Database((partial,), (meta,)))
     try:

@@ -21,7 +21,7 @@ from seqloader.cli import main as cli
 from seqloader.format.meta import PLAIN_VERSION
 from seqloader.format.keys import META_KEY, encode_key
 from seqloader.format.files import shard_path
-from seqloader.errors import IncompleteError
+from seqloader.errors import FormatError, IncompleteError
 from seqloader.write.prepare import decode_bgr
 from seqloader.write.writer import write_order
 
@@ -445,6 +445,31 @@ def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tre
     with pytest.raises(WorkerDiedError, match=r"a decode worker process died \(killed by the "
                                            r"out-of-memory killer .*re-run the same command"):
         _quiet(write_split, scan, tmp_path / "other" / "ILSVRC-val.lmdb", "val", _opts())
+
+
+def test_resume_refuses_committed_records_that_do_not_match_the_checksum(synth_tree, tmp_path):
+    """A resumed shard recomputes the digests of what was committed (NOTE [ resumed
+    digests ]) and chains them: a record damaged since (here: one byte of its image)
+    is refused, not completed with a wrong table and checksum."""
+    from seqloader.format.meta import meta_extents
+
+    scan = scan_class_tree(synth_tree.root / "val")
+    out = tmp_path / "ILSVRC-val.lmdb"
+    _quiet(write_split, scan, out, "val", _opts())
+    meta = open_database(out).metas[0]
+    off, n = meta_extents(meta, out.stat().st_size, where=str(out))[2].tolist()
+    partial = out.with_name(out.name + ".partial")
+    out.rename(partial)  # as if interrupted at its very end
+    with open(partial, "r+b") as f:
+        f.seek(off + n // 2)
+        byte = f.read(1)
+        f.seek(off + n // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(FormatError, match=r"ILSVRC-val.lmdb.partial: the records .* do not "
+                                          r"match its checksum.*--overwrite"):
+        _quiet(write_split, scan, out, "val", _opts())
+    _quiet(write_split, scan, out, "val", _opts(overwrite=True))
+    assert open_database(out).metas[0].digests == meta.digests
 
 
 def test_interrupt_hint_does_not_say_resume_with_overwrite(synth_tree, tmp_path, capsys,
