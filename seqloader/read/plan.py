@@ -151,6 +151,8 @@ class EpochPlan:
     ranges: tuple[Range, ...]
     batch_sizes: tuple[int, ...]
     num_workers: int = 1
+    #: the spec it was made from (a stage reading it may need the batch size or split size)
+    spec: PlanSpec | None = None
 
     @property
     def num_batches(self) -> int:
@@ -173,7 +175,7 @@ def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
     lo, hi = rank_bounds(spec.num_records, spec.rank, spec.world_size, even=spec.even)
     sizes = batch_sizes(hi - lo, spec.batch_size, spec.drop_last)
     mine = slice_ranges(sequence, lo, lo + sum(sizes))  # what drop_last drops is never read
-    return EpochPlan(epoch, tuple(_merge(mine)), tuple(sizes), spec.num_workers)
+    return EpochPlan(epoch, tuple(_merge(mine)), tuple(sizes), spec.num_workers, spec)
 
 
 def _merge(ranges: list[Range]) -> list[Range]:
