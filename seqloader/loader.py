@@ -5,9 +5,11 @@ A facade over a pipeline of the public stages (NOTE [ planned stages ] in
 
     MultiProcessMapAndBatchData(BatchData(LocallyShuffleData(LMDBData(...))))
 
-(no ``LocallyShuffleData`` without ``shuffle``).  The Loader adds what DataLoader users
-expect: ``len``, epochs and ``set_epoch``, ``state_dict`` resume, DDP ranks, pinning,
-tensors and device normalisation.
+(no ``LocallyShuffleData`` without ``shuffle``), built from its
+:class:`~seqloader.settings.LoaderSettings`.  The Loader adds what DataLoader users
+expect: ``len``, epochs and ``set_epoch`` (its :class:`~seqloader.resume.EpochState`),
+``state_dict`` resume, DDP ranks; :class:`~seqloader.dataflow.delivery.Delivery` makes the
+tensors (zero-copy, pinned, on a device, normalised there).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .read.database import Database, open_database
-from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, plan_epoch
+from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_plan, plan_epoch
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
 from .dataflow.delivery import Delivery
@@ -111,11 +113,18 @@ class Loader(TrainerFacing):
                           stacklevel=2)
         #: the settings, checked (one object: what the pipeline is built from)
         self.settings = LoaderSettings(
-            transform, batch_size, shuffle, num_workers, cache, drop_last, seed, chunk_size,
-            pin, prefetch, timeout, persistent_workers, start_method,
-            drank if rank is None else rank, dworld if world_size is None else world_size,
-            target_transform, output, torch.device(device) if device is not None else None,
-            shuffle if even is None else even, warmup, prefetch_bytes, io, collate_fn)
+            transform=transform, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
+            cache=cache, drop_last=drop_last, seed=seed, chunk_size=chunk_size, pin_memory=pin,
+            prefetch=prefetch, timeout=timeout, persistent_workers=persistent_workers,
+            start_method=start_method, rank=drank if rank is None else rank,
+            world_size=dworld if world_size is None else world_size,
+            target_transform=target_transform, output=output,
+            device=torch.device(device) if device is not None else None,
+            even=shuffle if even is None else even, warmup=warmup,
+            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn)
+        s = self.settings
+        check_plan(batch_size=s.batch_size, chunk_size=s.chunk_size, world_size=s.world_size,
+                   num_workers=max(1, s.num_workers), rank=s.rank)  # (before the stages do)
         #: the epoch bookkeeping: the next epoch, a loaded position, the one in progress
         self.epochs = EpochState()
         self._adopted_warmup: int | None = None  # a checkpoint's default warm-up

@@ -16,7 +16,8 @@ from typing import Any
 
 from .read.plan import PlanSpec
 
-__all__ = ["EpochState", "checkpoint", "check_checkpoint", "is_int", "STATE_VERSION"]
+__all__ = ["EpochState", "checkpoint", "check_checkpoint", "is_int", "STATE_VERSION",
+           "ORDER_KEYS"]
 
 #: Bumped when a checkpoint of the previous version could be misread.
 STATE_VERSION = 1
