@@ -67,7 +67,7 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                    help="store JPEG bytes (%(default)s) or decoded uint8 pixels, which the "
                         "Loader reads without decoding: for hosts where decoding, not the "
                         "disk, limits training (3 bytes a pixel: pair it with --short-side; "
-                        "`seqloader bench --compare-formats` tells which is faster)")
+                        "'seqloader bench --compare-formats' tells which is faster)")
     p.add_argument("--short-side", type=int, metavar="PX",
                    help="with --format pixels: shrink images whose shorter side exceeds PX to PX")
     p.add_argument("--shards", type=int, default=1, help="files per split (%(default)s)")
@@ -289,9 +289,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="seqloader", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="seqloader", description="Sequential LMDB data loading for PyTorch: write a "
+        "database (preprocess), inspect and check it (info, verify), measure loading (bench); "
+        "synth and demo make synthetic ImageNet-like data. 'seqloader COMMAND --help' for each.")
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree to LMDB")
+    p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree or archives to LMDB")
     add_preprocess_arguments(p)
     p.set_defaults(fn=run_preprocess)
     for name, fn, hlp in (("info", _info, "describe a database"),
@@ -306,18 +309,25 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--workers", type=int, default=None,
                            help="decode processes (default: one per core plus one)")
-            p.add_argument("--no-progress", action="store_true")
+            p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.set_defaults(fn=fn)
     p = sub.add_parser("synth", help="generate a synthetic ImageNet-like folder tree")
-    p.add_argument("dir")
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--per-class", type=int, default=100)
-    p.add_argument("--val-per-class", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bad", type=int, default=0, help="undecodable files to add to train")
-    p.add_argument("--size", choices=("imagenet", "small"), default="imagenet")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("dir", help="output folder: DIR/train/<wnid>/*.JPEG and DIR/val/<wnid>/*.JPEG")
+    p.add_argument("--classes", type=int, default=10, help="number of classes (%(default)s)")
+    p.add_argument("--per-class", type=int, default=100,
+                   help="train images per class (%(default)s)")
+    p.add_argument("--val-per-class", type=int, default=20,
+                   help="val images per class (%(default)s; 0: no val/)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the same seed and options give the same bytes (%(default)s)")
+    p.add_argument("--bad", type=int, default=0,
+                   help="undecodable files to add to train (%(default)s)")
+    p.add_argument("--size", choices=("imagenet", "small"), default="imagenet",
+                   help="image sizes: ImageNet-like (about 500x400 px, ~100 KB) or small "
+                        "thumbnails for quick tests (%(default)s)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes drawing images (%(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(fn=_synth)
     from .tools.bench import add_bench_arguments
 
@@ -333,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_run_bench_or_compare)
     p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
     p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(fn=_demo)
     return ap
 

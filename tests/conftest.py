@@ -26,7 +26,7 @@ OPTIONAL = {
 _PROGRAMS = {"jpegtran", "nginx"}
 
 
-def _available(name: str) -> bool:
+def available(name: str) -> bool:
     if name in _PROGRAMS:
         return shutil.which(name) is not None or os.path.exists(f"/usr/sbin/{name}")
     return importlib.util.find_spec(name) is not None
@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
             if unknown:
                 raise pytest.UsageError(f"{item.nodeid}: needs{tuple(unknown)}: add them to "
                                         "tests/conftest.py's OPTIONAL")
-            missing = [n for n in mark.args if not _available(n)]
+            missing = [n for n in mark.args if not available(n)]
             if missing:
                 item.add_marker(pytest.mark.skip(reason="needs " + ", ".join(
                     f"{n} ({OPTIONAL[n]})" for n in missing)))
