@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import is_image_file
 from ..errors import NotFoundError
 
 __all__ = ["Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
