@@ -8,12 +8,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import FormatError
+from .errors import SeqloaderError
 
 if TYPE_CHECKING:
     from .read.database import Database
 
-__all__ = ["main", "add_preprocess_arguments", "run_preprocess"]
+__all__ = ["main", "add_preprocess_arguments", "run_preprocess", "one_line"]
 
 
 def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
@@ -367,8 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
         return args.fn(args)
-    except (FormatError, OSError, ValueError, RuntimeError) as e:
-        print(f"seqloader {args.command}: error: {e}", file=sys.stderr)
+    except (SeqloaderError, OSError, ValueError, RuntimeError) as e:
+        # NOTE [ one error boundary ]: what the user gave (files, archives, options, the
+        # disk) fails as one line and exit 2; anything else is a bug in seqloader and keeps
+        # its traceback
+        print(f"seqloader {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = ""
@@ -379,6 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else "; re-run the same command to resume")
         print(f"seqloader {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
+
+
+def one_line(e: BaseException) -> str:
+    """``e``'s message on one line: its first line (a worker's error carries the worker's
+    traceback after it), or its type when it has none."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ before the hierarchy existed (``ValueError``, ``RuntimeError``, ``OSError``,
 ``TimeoutError``), so ``except`` clauses written against those keep working::
 
     SeqloaderError
-      FormatError (ValueError)          IncompleteError, EmptyDatabaseError
+      FormatError (ValueError)          IncompleteError, EmptyDatabaseError,
+                                        DamagedArchiveError, UnsafePickleError
       NoRecordsError (ValueError)
       BadImageError (ValueError)
       RemoteError (OSError)
@@ -28,8 +29,9 @@ import traceback
 from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
-           "NotFoundError", "OutputExistsError", "NoRecordsError", "BadImageError", "RemoteError",
-           "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback"]
+           "DamagedArchiveError", "NotFoundError", "OutputExistsError", "NoRecordsError",
+           "BadImageError", "RemoteError", "WorkerError", "RecordError", "WorkerDiedError",
+           "WorkerTimeoutError", "RemoteTraceback"]
 
 
 class SeqloaderError(Exception):
@@ -47,6 +49,11 @@ class IncompleteError(FormatError):
 class EmptyDatabaseError(FormatError):
     """A complete database with no records (older writers left one when every source
     image of a split was undecodable); nothing can be read from it."""
+
+
+class DamagedArchiveError(FormatError):
+    """A source archive (tar, gzip, webdataset shard, foreign LMDB) is damaged or cut
+    short: the message names the archive, the byte offset and the last member read."""
 
 
 class NotFoundError(SeqloaderError, FileNotFoundError):

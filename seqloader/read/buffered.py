@@ -87,7 +87,7 @@ class BufferedSource:
 
     def shard_at(self, addr: int) -> Shard | None:
         for sh in self.shards:
-            if sh.base is not None and sh.base <= addr < sh.base + sh.size:
+            if sh.base is not None and sh.base <= addr < sh.base + sh.mapped:
                 return sh
         return None
 
@@ -188,7 +188,7 @@ class _Walk:
             for key in [k for k in self.span_base if k[0] == i]:
                 del self.span_base[key]
             if p.shard.base is not None:
-                unmap(p.shard.base, p.shard.size)
+                unmap(p.shard.base, p.shard.mapped)
             i += 1
 
     def _cached(self, i: int, span: int, end: int) -> bool:
@@ -221,7 +221,7 @@ class _Walk:
                         src.read_through(sh, off, n)
                     walked += n
                     if walked >= UNMAP_EVERY:
-                        unmap(base, sh.size)
+                        unmap(base, sh.mapped)
                         walked = 0
                 yield value
                 if window and self.advised - self.consumed < window // 2:
@@ -240,7 +240,7 @@ class _Walk:
                         src.read_through(sh, end - len(value), len(value))
                 walked += len(value)
                 if walked >= UNMAP_EVERY:
-                    unmap(sh.base, sh.size)
+                    unmap(sh.base, sh.mapped)
                     walked = 0
             yield value
             if window and self.advised - self.consumed < window // 2:

@@ -63,7 +63,7 @@ def encoded(shards: Sequence[Any], offsets: Sequence[int], private: bool,
 def unmap_file(sh: Any) -> None:
     """Unmap every page of an open file's map (NOTE [ mapped pages ])."""
     if sh.base is not None:
-        unmap(sh.base, sh.size)
+        unmap(sh.base, sh.mapped)
 
 
 def _locate(fd: int, off: int, n: int) -> tuple[int, int, int] | None:

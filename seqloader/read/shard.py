@@ -49,7 +49,8 @@ def touch(view: memoryview) -> None:
 
 
 class Shard:
-    """One open file.  NOTE [ record extents ]: files whose metadata lists every
+    """One open file; ``base`` is the address of its map (None: none found) and
+    ``mapped`` how many of its bytes are mapped there.  NOTE [ record extents ]: files whose metadata lists every
     record's byte extent are read without LMDB: a read-only map of the file, values
     sliced from it, spans computed from the extents.  Looking a span up in the B-tree
     instead reads a chunk's first and last records' pages and B-tree leaves -- random
@@ -79,12 +80,19 @@ class Shard:
                 if self.size else None
             self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
             self.base = _address(self.view) if self.map is not None else None
+            self.mapped = self.size
         else:
             self.env = open_env(path, readahead=readahead)
             self.txn = self.env.begin(buffers=True)
             self.cur = self.txn.cursor()
             self.lookup = self.txn.cursor()
             self.base = _map_base(path)
+            # NOTE [ mapped length ]: LMDB maps only its committed pages ((last page + 1)
+            # x page size) when the file is opened read-only; a file can be longer
+            # (an unfinished write killed mid-commit leaves pages after them), and
+            # madvise(DONTNEED) past the map's end would zero whatever memory the
+            # process has mapped there: a SIGSEGV a moment later.  Unmap only this.
+            self.mapped = min(self.size, self.env.info()["map_size"])
 
     def spans(self, a: int, b: int) -> tuple[list[tuple[int, int]], np.ndarray | None]:
         """The byte spans (page-aligned, in record order) that hold local records
@@ -134,7 +142,7 @@ class Shard:
         if self.base is None:
             raise RuntimeError(f"{self.path}: cannot locate records (no /proc/self/maps)")
         out = [(_address(value) - self.base, len(value)) for value in self.values(a, b)]
-        unmap(self.base, self.size)
+        unmap(self.base, self.mapped)
         return np.array(out, EXTENT_DTYPE)
 
     def close(self) -> None:
@@ -182,7 +190,7 @@ class RemoteShard:
     """One remote file (NOTE [ remote reading ] in :mod:`seqloader.read.remote`): the parts of
     :class:`Shard` a remote stream needs, from the metadata's extents."""
 
-    fd_direct, fd_through, base, env, map = -1, None, None, None, None
+    fd_direct, fd_through, base, env, map, mapped = -1, None, None, None, None, 0
 
     def __init__(self, file: "RemoteFile", meta: Meta):
         from .remote import safe_url

@@ -143,7 +143,20 @@ def resize_top(src: np.ndarray, extent: tuple[int, int], out_h: int, out_w: int,
         if antialias and (out_h < eh or out_w < ew):
             src, ey, ex = _halve(src, out_h, out_w, ey, ex)
             src = _prefilter(src, out_h, out_w, ey, ex)
-    return cv2.resize(src, None, fx=out_w / ex, fy=out_h / ey, interpolation=flag)[:, :out_w]
+    fx, fy = out_w / ex, out_h / ey
+    res = cv2.resize(src, None, fx=fx, fy=fy, interpolation=flag)
+    if res.shape[:2] == src.shape[:2] and (fx, fy) != (1.0, 1.0):
+        # OpenCV copies the source, whatever fx and fy, when the size it computes from
+        # them is the source's (e.g. the top 296 of 683 rows halved, at 341/341.5: up to
+        # 59 grey levels off).  Padded to the whole image's extent + 1 with its last
+        # row (or column), which only rows (columns) past the valid ones read, the sizes
+        # differ -- as they do for the whole image
+        axis = 0 if fy != 1.0 else 1
+        n = math.ceil(ey if axis == 0 else ex) + 1 - src.shape[axis]
+        edge = src[-1:] if axis == 0 else src[:, -1:]
+        res = cv2.resize(np.concatenate([src, np.repeat(edge, max(1, n), axis=axis)], axis=axis),
+                         None, fx=fx, fy=fy, interpolation=flag)
+    return res[:, :out_w]
 
 
 #: Modes whose OpenCV resize of an image's top rows is the top of the whole image's: not

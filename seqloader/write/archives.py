@@ -12,11 +12,12 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import read_label_lines, is_image_file
+from .scan import read_label_lines, is_header, is_image_file
 
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
-                      clean_name, tar_members, open_archive, read_member, tar_stem, tar_at)
+                      clean_name, open_archive, read_member, tar_stem, tar_at)
 from ..errors import NotFoundError
+from .tarwalk import STREAM_ERRORS, Walk
 
 __all__ = ["TarSource", "TreeTar", "TarOfTars", "FlatTar", "WebDataset"]
 
@@ -35,10 +36,19 @@ class TarSource(Source):
             f, raw = open_archive(path)
             self._direct = None if isinstance(f, gzip.GzipFile) else str(path)
             base = sum(self._file_sizes[:k])
+            self._walk = Walk(str(path))  # the innermost archive being read
             try:
                 sub = cursor[1:] if cursor and k == start_file else []
                 ahead = 0
-                for ev, pos in self._file_events(k, f, sub, str(path)):
+                events = self._file_events(k, f, sub, str(path))
+                while True:
+                    try:
+                        ev, pos = next(events)
+                    except StopIteration:
+                        break
+                    except STREAM_ERRORS as e:  # (a gzip stream's, while reading data)
+                        raise self._walk.damaged(None, f"{type(e).__name__}: {e}, near byte "
+                                                       f"{raw.tell():,} of the file") from None
                     here = raw.tell()
                     self._pos = base + here
                     if here >= ahead and hasattr(os, "posix_fadvise"):
@@ -55,13 +65,18 @@ class TarSource(Source):
     def _file_events(self, k: int, f, sub: list, where: str):
         raise NotImplementedError
 
+    def _walk_of(self, where: str) -> Walk:
+        """A new :class:`Walk` of ``where``, the one errors name from now on."""
+        self._walk = Walk(where)
+        return self._walk
+
     def _item(self, name: str, label: int | str, tf: tarfile.TarFile, m: tarfile.TarInfo,
-              where: str, base: int | None = 0) -> Item:
+              walk: Walk, base: int | None = 0) -> Item:
         """An item whose data is located (NOTE [ data by location ]) where the member is
         stored as is at ``base + m.offset_data`` of the file, else read now."""
         if self._direct is not None and base is not None and m.sparse is None:
             return Item(name, label, None, (self._direct, base + m.offset_data, m.size))
-        return Item(name, label, read_member(tf, m, where))
+        return Item(name, label, read_member(tf, m, walk))
 
 
 class TreeTar(TarSource):
@@ -76,22 +91,40 @@ class TreeTar(TarSource):
 
     def _file_events(self, k, f, sub, where):
         tf = tar_at(f, sub[0] if sub else 0, where)
+        walk = self._walk_of(where)
         strip = None
-        for m in tar_members(tf, where):
-            name = clean_name(m.name)
+        folders: list[list[str]] = []  # folder members seen before ``strip`` is known
+        for m in walk.members(tf):
+            name = clean_name(m.name).rstrip("/")
             parts = name.split("/")
+            if m.isdir():  # a class folder, even an empty one (as in the extracted tree)
+                folders.append(parts)
+                if strip is not None:
+                    yield from self._folders(folders, strip, [m.offset])
+                continue
             if not m.isfile() or not is_image_file(parts[-1]) or any(
                     p.startswith(".") for p in parts[1:-1]):
                 continue
             if strip is None:
                 strip = len(parts) >= 3 and parts[0] in (self.split, tar_stem(self.files[k].name))
+                yield from self._folders(folders, strip, [m.offset])
             if strip:
                 parts = parts[1:]
             if len(parts) < 2:
                 raise ValueError(f"{where}: image {m.name} is not inside a class folder; a tar "
                                  "of a class tree holds class/image paths (for flat images "
                                  "give their labels with --val-labels)")
-            yield self._item("/".join(parts), parts[0], tf, m, where), [tf.offset]
+            yield self._item("/".join(parts), parts[0], tf, m, walk), [tf.offset]
+
+    @staticmethod
+    def _folders(folders: list[list[str]], strip: bool, cursor: list):
+        """The classes of the folder members in ``folders`` (emptied): ``[top/]class``."""
+        for parts in folders:
+            if strip:
+                parts = parts[1:]
+            if len(parts) == 1 and parts[0]:
+                yield ClassSeen(parts[0]), cursor
+        folders.clear()
 
 
 class TarOfTars(TarSource):
@@ -103,7 +136,8 @@ class TarOfTars(TarSource):
     def _file_events(self, k, f, sub, where):
         outer = tar_at(f, sub[0] if sub else 0, where)
         resume = sub[1] if len(sub) > 1 else None  # inside the inner tar at sub[0]
-        for m in tar_members(outer, where):
+        outer_walk = self._walk_of(where)
+        for m in outer_walk.members(outer):
             if not m.isfile() or not m.name.lower().endswith(TAR_SUFFIXES):
                 continue
             cls = tar_stem(clean_name(m.name))
@@ -118,11 +152,13 @@ class TarOfTars(TarSource):
             if m.name.lower().endswith((".gz", ".tgz")) or m.sparse is not None:
                 inner, base = gzip.GzipFile(fileobj=inner, mode="rb"), None
             tf = tar_at(inner, start, inner_where)
-            for im in tar_members(tf, inner_where):
+            walk = self._walk_of(inner_where)
+            for im in walk.members(tf):
                 name = clean_name(im.name).rsplit("/", 1)[-1]
                 if im.isfile() and is_image_file(name):
-                    yield (self._item(f"{cls}/{name}", cls, tf, im, inner_where, base),
+                    yield (self._item(f"{cls}/{name}", cls, tf, im, walk, base),
                            [m.offset, tf.offset])
+            self._walk = outer_walk
             outer.offset = after
 
 
@@ -141,11 +177,8 @@ class FlatTar(TarSource):
             raise NotFoundError(f"labels file {self.labels_file} does not exist")
         rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
             TAR_SUFFIXES) else read_label_lines(self.labels_file))
-        if len(rows) > 1:
-            tok = rows[0][2]  # a header such as "ImageId,PredictionString"
-            if not (tok.isdigit() or (classes is not None and tok in classes)
-                    or any(t == tok for _, _, t in rows[1:])):
-                rows = rows[1:]
+        if rows and is_header(rows[0][1], rows[0][2]):
+            rows = rows[1:]  # a header such as "ImageId,PredictionString"
         self.label_of: dict[str, int | str] = {}
         for lineno, name, tok in rows:
             label: int | str = int(tok) if tok.isdigit() and not (
@@ -173,7 +206,8 @@ class FlatTar(TarSource):
 
     def _file_events(self, k, f, sub, where):
         tf = tar_at(f, sub[0] if sub else 0, where)
-        for m in tar_members(tf, where):
+        walk = self._walk_of(where)
+        for m in walk.members(tf):
             name = clean_name(m.name)
             base = name.rsplit("/", 1)[-1]
             if not m.isfile() or not is_image_file(base):
@@ -182,7 +216,7 @@ class FlatTar(TarSource):
             if label is None:
                 raise ValueError(f"{where}: image {name} has no line in {self.labels_file}; "
                                  "add its label (or use the labels file of this archive)")
-            yield self._item(name, label, tf, m, where), [tf.offset]
+            yield self._item(name, label, tf, m, walk), [tf.offset]
 
 
 def _devkit_rows(devkit: Path) -> list[tuple[int, str, str]]:
@@ -220,8 +254,9 @@ class WebDataset(TarSource):
     def _file_events(self, k, f, sub, where):
         tf = tar_at(f, sub[0] if sub else 0, where)
         shard = tar_stem(self.files[k].name)
+        walk = self._walk_of(where)
         key, parts = None, {}
-        for m in tar_members(tf, where):
+        for m in walk.members(tf):
             if not m.isfile():
                 continue
             name = clean_name(m.name)
@@ -234,7 +269,7 @@ class WebDataset(TarSource):
                 key, parts = mkey, {}
             ext = ext.lower()
             if ext in LABEL_EXTS or is_image_file(base):
-                parts[ext] = read_member(tf, m, where)
+                parts[ext] = read_member(tf, m, walk)
         if key is not None:
             yield self._sample(where, shard, key, parts), [tf.offset]
 

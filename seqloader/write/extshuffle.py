@@ -27,12 +27,14 @@ so keeping them would only evict what other jobs on the host have cached.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import math
 import os
 import shutil
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,7 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .buckets import FRAME as _FRAME, bucket_frames, prepared
-from .scan import Scan
+from .scan import Scan, warn_single_class
 from .sources import ClassSeen, Source, close_files, read_item
 from ..errors import BadImageError, OutputExistsError
 from .options import WriteOptions, WriteReport
@@ -237,7 +239,9 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
     scratch = Path(scratch) if scratch is not None else out.with_name(out.name + ".scratch")
     if opt.overwrite and scratch.exists():
         shutil.rmtree(scratch)
-    done = None if (scratch / "state.json").exists() else _already_written(out, split, opt)
+    digest = source_digest(source, split, opt)
+    done = None if (scratch / "state.json").exists() else _already_written(out, split, opt,
+                                                                             digest)
     if done is not None:
         return done
     bits, in_memory = _bits_for(source, opt, memory_budget)
@@ -259,6 +263,14 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
         if hasattr(source, "check_names"):
             source.check_names(names)
         classes, labels = _resolve_labels([r[1] for r in raw], st["classes"], source)
+        if split == "train" and len(classes) == 1 and names:
+            warn_single_class(split, classes[0], names[0], source.root_label())
+        present = set(labels.tolist())
+        empty = [c for i, c in enumerate(classes) if i not in present]
+        if empty:  # (as the folder tree's scan says)
+            warnings.warn(f"{source.root_label()}: {len(empty)} class folder(s) have no images "
+                          f"and keep their labels (ImageFolder allow_empty=True): {empty[:10]}"
+                          f"{' ...' if len(empty) > 10 else ''}", stacklevel=2)
         del raw
         n = len(names)
         if n == 0:
@@ -303,9 +315,8 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
                                         "remove the file, or drop --strict to skip bad files")
                 yield pos, value, extra, warned
 
-        present = set(labels.tolist())
         scan = Scan(source.root_label(), classes, names, labels,
-                    [c for i, c in enumerate(classes) if i not in present])
+                    [c for i, c in enumerate(classes) if i not in present], source=digest)
         buckets = p1.buckets if in_memory else [scratch / f"bucket-{b:04d}.bin"
                                                  for b in range(1 << bits)]
         try:
@@ -322,11 +333,38 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
 
 
 
-def _already_written(out: Path, split: str, opt: WriteOptions
+#: Options that do not change the bytes written (nor, so, a finished database's identity).
+_NOT_IDENTITY = ("strict", "shard_ids", "workers", "overwrite", "commit_bytes",
+                 "initial_map_size", "progress")
+
+
+_ENDS = 64 << 10
+
+
+def source_digest(source: Source, split: str, opt: WriteOptions) -> str:
+    """NOTE [ source identity ]: a finished database is this command's only if it was
+    written from the same source (kind, files' names and sizes, labels file), class
+    names, split and options.  A re-run compares this digest, stored in each file's
+    metadata, before it takes the files as done (without it, a re-run with another
+    archive kept the old database and said "already complete")."""
+    opts = {k: v for k, v in dataclasses.asdict(opt).items() if k not in _NOT_IDENTITY}
+    h = hashlib.blake2b(repr((source.identity(), source.classes, split,
+                              sorted(opts.items()))).encode(), digest_size=16)
+    for f in source.files:  # (and their ends: another archive of the same name and size)
+        f = f / "data.mdb" if f.is_dir() else f
+        with open(f, "rb") as fh:
+            h.update(fh.read(_ENDS))
+            fh.seek(max(0, fh.seek(0, 2) - _ENDS))
+            h.update(fh.read(_ENDS))
+    return "stream:" + h.hexdigest()
+
+
+def _already_written(out: Path, split: str, opt: WriteOptions, digest: str
                      ) -> tuple[WriteReport, list[str]] | None:
     """The outputs of a finished run of this command (no scratch left), without reading
-    the source again; None unless all of them exist.  Their records' names are not
-    compared with the source (that needs a pass over it): options and split are."""
+    the source again; None unless all of them exist.  Their source, split and options
+    are compared (NOTE [ source identity ]; files of older writers, which recorded no
+    source: options and split only)."""
     from ..format.files import shard_path
     from ..read.database import file_meta
     from .options import ShardResult
@@ -344,6 +382,12 @@ def _already_written(out: Path, split: str, opt: WriteOptions
             w.get("verify"), w.get("max_size"), bool(w.get("restart_markers"))) == (
             split, opt.shuffle, opt.seed if opt.shuffle else None, opt.shards, opt.verify,
             opt.max_size, opt.restart_markers)
+        if same and w.get("source") not in (None, digest):
+            raise OutputExistsError(f"{f} already exists and was written from "
+                                    f"{'a folder tree' if w['source'] == 'tree' else 'another'}"
+                                    " source, labels or options than this command's; pass "
+                                    "--overwrite to replace it, or choose another output "
+                                    "folder")
         if not same:
             raise OutputExistsError(f"{f} already exists and was not written by this command "
                                     "(another split, seed or options, or unfinished); pass "

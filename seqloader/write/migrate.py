@@ -20,11 +20,12 @@ import pickle
 from pathlib import Path
 from typing import Any, Iterator
 
-import lmdb
 import msgpack
 import numpy as np
 
 from .sources import ClassSeen, Item, Source
+from ..errors import FormatError
+from ..read.lmdbwalk import walk_lmdb
 
 __all__ = ["TensorpackLMDB", "UnsafePickleError", "safe_loads", "decode_datapoint",
            "read_class_names"]
@@ -32,8 +33,10 @@ __all__ = ["TensorpackLMDB", "UnsafePickleError", "safe_loads", "decode_datapoin
 KEYS_KEY = b"__keys__"
 
 
-class UnsafePickleError(pickle.UnpicklingError):
-    """A pickle names something other than numpy arrays and plain values."""
+class UnsafePickleError(FormatError, pickle.UnpicklingError):
+    """A pickle names something other than numpy arrays and plain values, or asks for
+    more memory than its own size could fill (refused before anything runs or is
+    allocated)."""
 
 
 def _dtype(*args: Any) -> np.dtype:
@@ -44,13 +47,48 @@ def _dtype(*args: Any) -> np.dtype:
     return dt
 
 
-_ALLOWED = {
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(0))[0]
+
+
+def _nbytes(shape: Any, dtype: Any) -> int:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+        raise UnsafePickleError(f"refused an array of shape {shape!r}")
+    return int(np.prod(dims, dtype=object)) * _dtype(dtype).itemsize
+
+
+class _Arrays:
+    """numpy's array constructors for one pickle of ``limit`` bytes: an array it asks for
+    must fit in its own bytes (a real array pickle carries its data), so a few bytes
+    asking for a 1 TiB array are refused before anything is allocated."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def check(self, shape: Any, dtype: Any) -> None:
+        n = _nbytes(shape, dtype)
+        if n > self.limit:
+            raise UnsafePickleError(f"refused an array of {n:,} bytes (shape {shape!r}) from a "
+                                    f"pickle of {self.limit:,} bytes")
+
+    def ndarray(self, shape: Any = (0,), dtype: Any = float, *a: Any, **k: Any) -> np.ndarray:
+        self.check(shape, dtype)
+        return np.ndarray(shape, _dtype(dtype), *a, **k)
+
+    def reconstruct(self, subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        if subtype != self.ndarray and subtype is not np.ndarray:
+            raise UnsafePickleError(f"refused to build a {subtype!r}")
+        self.check(shape, dtype)
+        return _RECONSTRUCT(np.ndarray, shape, dtype)
+
+
+_ALLOWED: dict[tuple[str, str], Any] = {
     ("numpy", "dtype"): _dtype,
-    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "ndarray"): "ndarray",  # per pickle: _Arrays
     ("_codecs", "encode"): None,  # resolved below (py2 protocol-2 byte strings)
 }
 for _mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
-    _ALLOWED[(_mod, "_reconstruct")] = np.ndarray.__reduce__(np.zeros(0))[0]
+    _ALLOWED[(_mod, "_reconstruct")] = "reconstruct"
     _ALLOWED[(_mod, "scalar")] = np.int64(0).__reduce__()[0]
 for _mod in ("numpy.core.numeric", "numpy._core.numeric"):
     _ALLOWED[(_mod, "_frombuffer")] = np.zeros(1).__reduce_ex__(5)[0]
@@ -68,8 +106,14 @@ _ALLOWED[("_codecs", "encode")] = _codecs_encode
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes):
+        super().__init__(io.BytesIO(data), encoding="latin1")
+        self.arrays = _Arrays(len(data))
+
     def find_class(self, module: str, name: str) -> Any:
         fn = _ALLOWED.get((module, name))
+        if isinstance(fn, str):
+            return getattr(self.arrays, fn)
         if fn is None:
             raise UnsafePickleError(
                 f"refused to load global {module}.{name}: this reader builds only numpy arrays "
@@ -104,7 +148,7 @@ def _check(obj: Any, depth: int = 0) -> None:
 def safe_loads(data: bytes) -> Any:
     """``pickle.loads`` restricted to numpy arrays and plain values (NOTE [ restricted
     unpickling ]); :class:`UnsafePickleError` for anything else."""
-    obj = _RestrictedUnpickler(io.BytesIO(data), encoding="latin1").load()
+    obj = _RestrictedUnpickler(data).load()
     _check(obj)
     return obj
 
@@ -121,11 +165,32 @@ def _msgpack_hook(d: dict) -> Any:
     return d
 
 
-def decode_datapoint(value: bytes) -> Any:
-    """A tensorpack LMDB value: pickle (protocol 2+ starts with 0x80) or msgpack."""
-    if value[:1] == b"\x80":
-        return safe_loads(value)
-    return msgpack.unpackb(value, object_hook=_msgpack_hook, raw=False, strict_map_key=False)
+def decode_datapoint(value: bytes, where: str = "a record") -> Any:
+    """A tensorpack LMDB value: pickle (protocol 2+ starts with 0x80; protocols 0 and 1
+    are tried when msgpack fails) or msgpack.  :class:`~seqloader.errors.FormatError`
+    naming ``where`` for anything else (:class:`UnsafePickleError` for a refused pickle)."""
+    try:
+        if value[:1] == b"\x80":
+            return safe_loads(value)
+        try:
+            return msgpack.unpackb(value, object_hook=_msgpack_hook, raw=False,
+                                   strict_map_key=False)
+        except Exception as e:
+            packed = e
+        try:
+            return safe_loads(value)
+        except UnsafePickleError:
+            raise
+        except Exception as e:
+            raise FormatError(f"{where}: neither msgpack ({packed}) nor pickle ({e}); is this a "
+                              "tensorpack LMDB of [image, label] datapoints?") from None
+    except UnsafePickleError as e:
+        raise UnsafePickleError(f"{where}: {e}") from None
+    except FormatError:
+        raise
+    except Exception as e:  # (a damaged pickle: any of a dozen exception types)
+        raise FormatError(f"{where}: cannot be decoded ({type(e).__name__}: {e}); the file is "
+                          "damaged, or not a tensorpack LMDB of [image, label] datapoints") from None
 
 
 def _image_and_label(dp: Any, where: str) -> tuple[bytes, int]:
@@ -158,13 +223,6 @@ class TensorpackLMDB(Source):
 
     kind = "tensorpack-lmdb"
 
-    def _env(self, path: Path) -> lmdb.Environment:
-        try:
-            return lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
-                             readahead=True, max_dbs=0)
-        except lmdb.Error as e:
-            raise ValueError(f"{path}: not a readable LMDB file ({e})") from None
-
     def index_classes(self, max_label: int) -> list[str]:
         return [str(i) for i in range(max_label + 1)]
 
@@ -175,31 +233,20 @@ class TensorpackLMDB(Source):
         self._pos = sum(self._file_sizes[:start_file])
         for k in range(start_file, len(self.files)):
             path = self.files[k]
-            env = self._env(path)
-            try:
-                entries = max(1, env.stat()["entries"])
-                with env.begin(buffers=False) as txn:
-                    if txn.get(META_KEY) is not None:
-                        raise ValueError(f"{path} is already a seqloader database; read it with "
-                                         "seqloader.Loader (or `seqloader info`)")
-                    cur = txn.cursor()
-                    after = bytes.fromhex(cursor[1]) if cursor and k == start_file else None
-                    ok = cur.set_range(after) if after is not None else cur.first()
-                    done = 0
-                    while ok:
-                        key, value = cur.key(), cur.value()
-                        ok = cur.next()
-                        done += 1
-                        if key == after or key == KEYS_KEY:
-                            continue
-                        where = f"{path} record {key.decode('latin1')!r}"
-                        img, label = _image_and_label(decode_datapoint(value), where)
-                        self._pos = sum(self._file_sizes[:k]) + min(
-                            self._file_sizes[k], done * self._file_sizes[k] // entries)
-                        yield (Item(f"{path.name}/{key.decode('latin1')}", label, img),
-                               [k, key.hex()])
-            finally:
-                env.close()
+            base = sum(self._file_sizes[:k])
+            after = bytes.fromhex(cursor[1]) if cursor and k == start_file else None
+            # read with pread, every page checked, never mapped (NOTE [ foreign LMDB files ])
+            for n, (key, value, end) in enumerate(walk_lmdb(str(path), after)):
+                if n == 0 and after is None and key == META_KEY:
+                    raise ValueError(f"{path} is already a seqloader database; read it with "
+                                     "seqloader.Loader (or `seqloader info`)")
+                if key == KEYS_KEY:
+                    continue
+                where = f"{path} record {key.decode('latin1')!r}"
+                img, label = _image_and_label(decode_datapoint(value, where), where)
+                self._pos = base + min(self._file_sizes[k], end)
+                yield (Item(f"{path.name}/{key.decode('latin1')}", label, img),
+                       [k, key.hex()])
             self._pos = sum(self._file_sizes[:k + 1])
 
 

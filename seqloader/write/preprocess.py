@@ -11,7 +11,7 @@ from typing import Sequence
 
 from ..format.files import db_name
 from ..read.remote import is_url
-from .scan import Scan, scan_class_tree, scan_labelled_folder
+from .scan import Scan, scan_class_tree, scan_labelled_folder, warn_single_class
 from .writer import WriteOptions, WriteReport, write_split
 from ..errors import NotFoundError, OutputExistsError
 
@@ -98,9 +98,13 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
         with os.scandir(root / "train") as it:
             train_classes = sorted(e.name for e in it if e.is_dir())
     reports = []
-    for split in splits:
-        scan = scan_split(root, split, labels_file=val_labels if split == "val" else None,
-                          train_classes=train_classes)
+    # every split scanned (a labels file read and checked in full) before any is written
+    scans = [scan_split(root, split, labels_file=val_labels if split == "val" else None,
+                        train_classes=train_classes) for split in splits]
+    for split, scan in zip(splits, scans):
+        if split == "train" and len(scan.classes) == 1:
+            warn_single_class(split, scan.classes[0], scan.paths[0] if scan.paths else "",
+                              root / split)
         if train_classes is not None and scan.classes != train_classes:
             warnings.warn(f"{split}: its {len(scan.classes)} classes differ from train's "
                           f"{len(train_classes)}, so labels will not agree between the splits; "
@@ -157,10 +161,17 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
         by_split.setdefault(split or split_of(f), []).append(Path(f))
     order = sorted(by_split, key=lambda s: (s != "train", s != "val", s))
     train_classes = list(class_names) if class_names is not None else None
+    # every split's source opened (a labels file read and checked in full, each archive's
+    # kind known) before any split is written: not hours later, after train
+    opened = {s: open_source(by_split[s], split=s,
+                             labels_file=val_labels if s != "train" else None,
+                             classes=train_classes) for s in order}
     reports = []
     for s in order:
-        src = open_source(by_split[s], split=s, labels_file=val_labels if s != "train" else None,
-                          classes=train_classes if s != "train" or class_names else None)
+        src = opened[s]
+        if s != "train" and class_names is None and train_classes is not None:
+            src = open_source(by_split[s], split=s, labels_file=val_labels,
+                              classes=train_classes)  # (labels index train's classes)
         split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(s, opt.shuffle)})
         out.mkdir(parents=True, exist_ok=True)
         report, classes = write_source(

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import NotFoundError
 
 __all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", "is_image_file",
-           "image_tree_hint", "read_label_lines"]
+           "image_tree_hint", "read_label_lines", "is_header", "warn_single_class"]
 
 #: torchvision's ``IMG_EXTENSIONS``, compared case-insensitively.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -137,6 +137,10 @@ class Scan:
     labels: np.ndarray
     empty_classes: list[str] = field(default_factory=list)
     ignored: int = 0
+    #: what the images come from, stored in each file's metadata (``writer["source"]``):
+    #: an archive source's digest (:func:`~seqloader.write.extshuffle.source_digest`);
+    #: None for a folder tree, which the plan's fingerprint identifies
+    source: str | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -187,6 +191,34 @@ def scan_class_tree(root: str | Path) -> Scan:
     return Scan(root, classes, paths, np.asarray(labels, np.int32), empty, ignored)
 
 
+#: First fields of a labels file's header line (lower case), e.g. Kaggle's "ImageId".
+_HEADER_WORDS = {"imageid", "image_id", "image", "images", "img", "filename", "file_name",
+                 "file", "files", "name", "path", "id", "key"}
+
+
+def is_header(name: str, token: str) -> bool:
+    """Whether the first line ``name token`` of a labels file is a header, by its form: a
+    known header word ("ImageId", "filename", ...), or words without digits or a file
+    extension (a file name has one or the other -- ImageNet's have both -- and a class
+    token is a WordNet id or an index).  A data line is never taken for one because its
+    class is seen on no other line."""
+    name, token = name.strip().lower(), token.strip().lower()
+    if name in _HEADER_WORDS:
+        return True
+    return not any(c.isdigit() or c == "." for c in name) and not any(
+        c.isdigit() for c in token)
+
+
+def warn_single_class(split: str, cls: str, example: str, where: str | Path) -> None:
+    """A train split of one class is almost always a layout read one level too high (e.g.
+    Kaggle's ``ILSVRC/Data/CLS-LOC/train/<class>/...`` taken as class ``ILSVRC``)."""
+    warnings.warn(f"{where}: split {split!r} has a single class, {cls!r} (images such as "
+                  f"{example!r}): the class is the first folder of each image's path; if the "
+                  "classes are deeper (as in Kaggle's ILSVRC/Data/CLS-LOC/train/<class>/...), "
+                  "give the folder that holds the class folders (extract an archive first)",
+                  stacklevel=3)
+
+
 def read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
     """(line number, file name, class token) for each data line of a labels file (UTF-8,
     with or without a byte-order mark)."""
@@ -234,14 +266,9 @@ def scan_labelled_folder(root: str | Path, labels_file: str | Path,
     for f in files:
         by_stem.setdefault(os.path.splitext(f)[0], f)
     rows = read_label_lines(labels_file)
-    if rows and rows[0][1] not in by_name and rows[0][1] not in by_stem:
-        # a header line such as "ImageId,PredictionString" -- unless its class is one (a
-        # known class, a label index, or a class of other lines): then it is a data line
-        # naming a missing image, reported below like any other
-        tok = rows[0][2]
-        if not (tok.isdigit() or (classes is not None and tok in classes)
-                or any(t == tok for _, _, t in rows[1:])):
-            rows = rows[1:]
+    if rows and rows[0][1] not in by_name and rows[0][1] not in by_stem and is_header(
+            rows[0][1], rows[0][2]):
+        rows = rows[1:]  # a header line such as "ImageId,PredictionString"
     if classes is None:
         tokens = {tok for _, _, tok in rows}
         if any(t.isdigit() for t in tokens):

@@ -104,7 +104,9 @@ class ShardWriter:
                                 "restart_markers": o.restart_markers,
                                 "short_side": o.short_side,
                                 # NOTE [ restart index ] in format/jpeg.py (absent: an older writer)
-                                "restart_index": o.restart_markers})
+                                "restart_index": o.restart_markers,
+                                # NOTE [ source identity ] in extshuffle.py (absent: older)
+                                "source": getattr(self.scan, "source", None) or "tree"})
         # the fingerprint includes the format version, which fixes the algorithm
         assert meta.checksum_algorithm == CHECKSUM_ALGORITHM, meta.checksum_algorithm
         return meta

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import NotFoundError
+from .tarwalk import STREAM_ERRORS, Walk
+from ..errors import DamagedArchiveError, NotFoundError
 
 __all__ = ["Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
            "TAR_SUFFIXES", "LABEL_EXTS", "open_archive", "tar_at", "tar_members", "read_member",
@@ -84,8 +85,9 @@ def read_at(path: str, offset: int, size: int) -> bytes:
         fd = _FDS[path] = os.open(path, os.O_RDONLY)
     data = os.pread(fd, size, offset)
     if len(data) != size:
-        raise ValueError(f"{path}: {len(data)} of {size} bytes at offset {offset}: the archive "
-                         "was cut short while being read")
+        raise DamagedArchiveError(f"{path}: damaged or cut short at byte {offset + len(data):,}"
+                                  f": {len(data)} of the {size} bytes of a member at "
+                                  f"{offset:,}; download or copy it again")
     return data
 
 
@@ -169,35 +171,29 @@ def open_archive(path: Path) -> tuple[io.IOBase, io.FileIO]:
 
 def tar_at(fileobj: io.IOBase, offset: int, where: str) -> tarfile.TarFile:
     """A TarFile reading headers from ``offset`` on (NOTE [ stream cursors ])."""
-    fileobj.seek(offset)
     try:
+        fileobj.seek(offset)
         return tarfile.TarFile(fileobj=fileobj, mode="r")
-    except tarfile.TarError as e:
-        raise ValueError(f"{where}: not a readable tar at byte {offset} ({e}); check that the "
-                         "download is complete (compare its size or checksum)") from None
+    except STREAM_ERRORS as e:
+        raise DamagedArchiveError(f"{where}: not a readable tar at byte {offset:,} ({e}); "
+                                  "check that the download is complete (compare its size or "
+                                  "checksum)") from None
 
 
 def tar_members(tf: tarfile.TarFile, where: str) -> Iterator[tarfile.TarInfo]:
-    """The members of ``tf`` in order, without the TarFile keeping a list of them (1.28 M
-    TarInfos would hold ~1 GB)."""
-    while True:
-        try:
-            m = tf.next()
-        except tarfile.TarError as e:
-            raise ValueError(f"{where}: damaged tar after byte {tf.offset} ({e}); check that "
-                             "the download is complete") from None
-        if m is None:
-            return
-        tf.members.clear()
-        yield m
+    """The members of ``tf`` in order, the end proven (:class:`~.tarwalk.Walk`)."""
+    return Walk(where).members(tf)
 
 
-def read_member(tf: tarfile.TarFile, m: tarfile.TarInfo, where: str) -> bytes:
+def read_member(tf: tarfile.TarFile, m: tarfile.TarInfo, walk: Walk) -> bytes:
     f = tf.extractfile(m)
-    data = f.read() if f is not None else b""
+    try:
+        data = f.read() if f is not None else b""
+    except STREAM_ERRORS as e:
+        raise walk.damaged(m.offset_data, f"member {m.name}'s data cannot be read ({e})") from None
     if len(data) != m.size:
-        raise ValueError(f"{where}: member {m.name} is cut short ({len(data)} of {m.size} "
-                         "bytes); the archive is incomplete -- download it again")
+        raise walk.damaged(m.offset_data + len(data), f"member {m.name} is cut short "
+                                                      f"({len(data)} of {m.size} bytes)")
     return data
 
 

@@ -94,3 +94,41 @@ def test_restricted_unpickler_refuses_code(tmp_path):
         safe_loads(pickle.dumps(np.array([1, "x"], dtype=object)))
     assert safe_loads(pickle.dumps([np.arange(3, dtype=np.uint8), "a", 1.5])
                       )[0].tolist() == [0, 1, 2]
+
+
+def test_refused_and_damaged_pickles_name_the_file_and_record(tmp_path):
+    """A refused pickle is a FormatError naming the file and record (it was a bare
+    UnpicklingError naming neither); a pickle asking for a 1 TiB array is refused before
+    anything is allocated (it was a raw _ArrayMemoryError); protocol 0/1 pickles are read
+    (they failed as "unpack(b) received extra data")."""
+    from seqloader.errors import FormatError
+
+    img = np.frombuffer(_jpegs(1)[0], np.uint8)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    src = tmp_path / "evil-train.lmdb"
+    _tensorpack_lmdb(src, [[img, 0], [Evil(), 1]], lambda o: pickle.dumps(o, protocol=-1))
+    with pytest.raises(FormatError, match=r"evil-train\.lmdb record '00000001': refused to load "
+                                          r"global posix\.system"):
+        preprocess_sources([src], tmp_path / "out", options=WriteOptions(progress=False))
+    # _reconstruct(ndarray, (2**40,), 'b'): a few bytes asking for 1 TiB
+    bomb = (b"\x80\x02cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n"
+            b"\x8a\x06\x00\x00\x00\x00\x00\x01\x85C\x01b\x87R.")
+    with pytest.raises(UnsafePickleError, match="refused an array of 1,099,511,627,776 bytes"):
+        safe_loads(bomb)
+    src = tmp_path / "bomb-train.lmdb"
+    _tensorpack_lmdb(src, [[img, 0]], lambda o: bomb)
+    with pytest.raises(FormatError, match=r"bomb-train\.lmdb record '00000000': refused an array"):
+        preprocess_sources([src], tmp_path / "out2", options=WriteOptions(progress=False))
+    for protocol in (0, 1):
+        src = tmp_path / f"p{protocol}-train.lmdb"
+        _tensorpack_lmdb(src, [[img, np.int64(0)]] * 2,
+                         lambda o, p=protocol: pickle.dumps(o, protocol=p))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            preprocess_sources([src], tmp_path / f"o{protocol}", class_names=["n01"],
+                               options=WriteOptions(progress=False, workers=1))
+        assert open_database(tmp_path / f"o{protocol}" / "ILSVRC-train.lmdb").num_records == 2
