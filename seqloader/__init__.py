@@ -9,6 +9,7 @@ imported on first use, so the preprocessing CLI starts without loading torch.
 """
 from .version import __version__
 
+from .dataflow.gpugather import GPUOptions
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.reading import LMDBData, LocallyShuffleData
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
@@ -33,7 +34,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "__version__", "Loader", "ImagenetLoader", "preprocess", "write_dataset", "WriteOptions",
+    "__version__", "Loader", "ImagenetLoader", "GPUOptions", "preprocess", "write_dataset", "WriteOptions",
     "open_database", "DataFlow", "LMDBData", "LocallyShuffleData", "BatchData", "MapData",
     "MapDataComponent", "MultiProcessMapData", "MultiProcessMapAndBatchData",
     "SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError", "NoRecordsError",

@@ -25,6 +25,8 @@ from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
 from .dataflow.delivery import Delivery
+from .dataflow.gpudecode import DecodeStats, GPUDecoder
+from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow.pool import WorkerPool
@@ -51,6 +53,8 @@ class Loader(TrainerFacing):
     also get a seeded ``rng``; torchvision transforms get a PIL image) and returns a
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
+    ``decode="gpu"`` (with ``device``) leaves the decoding of a standard recipe to the
+    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`).
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch
@@ -95,11 +99,13 @@ class Loader(TrainerFacing):
                  output: str = "float", device: str | torch.device | None = None,
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
-                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None):
+                 remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
+                 decode: "str | GPUOptions" = "cpu"):
         LoaderSettings.check(num_workers=num_workers, batch_size=batch_size, cache=cache,
                              seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                              warmup=warmup, timeout=timeout, start_method=start_method, io=io,
                              output=output)
+        gpu = gpu_options(decode, transform, output, device)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
@@ -121,7 +127,7 @@ class Loader(TrainerFacing):
             target_transform=target_transform, output=output,
             device=torch.device(device) if device is not None else None,
             even=shuffle if even is None else even, warmup=warmup,
-            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn)
+            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, gpu=gpu)
         s = self.settings
         check_plan(batch_size=s.batch_size, chunk_size=s.chunk_size, world_size=s.world_size,
                    num_workers=max(1, s.num_workers), rank=s.rank)  # (before the stages do)
@@ -130,6 +136,7 @@ class Loader(TrainerFacing):
         self._adopted_warmup: int | None = None  # a checkpoint's default warm-up
         self._stages = self._build()
         self._delivery: Delivery | None = None  # (while the stages are reset for iterating)
+        self._gpu_decoder: GPUDecoder | None = None  # (decode="gpu": one per reset pipeline)
         # the iteration in progress, weakly: the generator's frame refers to the loader,
         # and a strong reference back would keep a dropped loader (and its workers)
         # alive until the cyclic GC runs
@@ -154,14 +161,15 @@ class Loader(TrainerFacing):
         # records the workers only copy into buffers need no mapped pages (NOTE [ fault or pread ])
         df: Any = LMDBData(self.db, shuffle=s.shuffle, chunk_size=s.chunk_size, seed=s.seed,
                            rank=s.rank, world_size=s.world_size, even=s.even,
-                           prefetch_bytes=s.prefetch_bytes, io=s.io, fault_in=s.in_process)
+                           prefetch_bytes=s.prefetch_bytes, io=s.io,
+                           fault_in=s.in_process and s.gpu is None)
         if s.shuffle:
             df = LocallyShuffleData(df, s.cache, warmup=self.warmup)
         df = BatchData(df, s.batch_size, remainder=not s.drop_last)
         return MultiProcessMapAndBatchData(
             df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
             prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
-            read_ahead=s.persistent_workers)
+            read_ahead=s.persistent_workers, gpu=s.gpu)
 
     def _ready(self) -> MultiProcessMapAndBatchData:
         """The stages, reset for iterating in this process (at the first iteration, and
@@ -172,6 +180,10 @@ class Loader(TrainerFacing):
             s = self.settings
             self._delivery = Delivery(self._stages, pin_memory=s.pin_memory, device=s.device,
                                       collate_fn=s.collate_fn)
+            if s.gpu is not None:  # (its recipe and stream; the counts go on)
+                stats = self._gpu_decoder.stats if self._gpu_decoder is not None else None
+                self._gpu_decoder = GPUDecoder(self._stages.spec, s.device, db=self.db)
+                self._gpu_decoder.stats = stats or self._gpu_decoder.stats
         return self._stages
 
     @property
@@ -188,6 +200,15 @@ class Loader(TrainerFacing):
     def batch_spec(self) -> BatchSpec:
         """The workers' batch layout (runs a plain transform on record 0 the first time)."""
         return self._stages.spec
+
+    @property
+    def decode_stats(self) -> DecodeStats | None:
+        """With ``decode="gpu"``: images decoded on the device and those the workers
+        rendered instead, by reason (:class:`~seqloader.dataflow.gpudecode.DecodeStats`);
+        None otherwise."""
+        if self.settings.gpu is None:
+            return None
+        return self._gpu_decoder.stats if self._gpu_decoder is not None else DecodeStats()
 
     @property
     def workers(self) -> WorkerPool | None:
@@ -245,12 +266,8 @@ class Loader(TrainerFacing):
     def _iterate(self, started: list[int]) -> Iterator[tuple[Any, torch.Tensor]]:
         epoch, first = self.epochs.next_epoch, self.epochs.resume
         engine = self._ready()
-        deliver = self._delivery
         try:
-            for batch in engine.run(epoch, first):
-                out = deliver(batch)
-                j = batch.index
-                del batch  # (its views of the buffer)
+            for j, out in self._delivered(engine, epoch, first):
                 if not started:
                     started.append(first)
                     self.epochs.start(epoch, first)
@@ -264,6 +281,21 @@ class Loader(TrainerFacing):
             self._active = None
             if not self.settings.persistent_workers:
                 self._stop_workers()
+
+    def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int,
+                   first: int) -> Iterator[tuple[int, Any]]:
+        """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
+        if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
+            engine.start()  # (in this thread, which outlives the decode thread)
+            for j, batch in self._gpu_decoder.batches(engine.run(epoch, first)):
+                yield j, self._delivery.collated(batch)
+            return
+        deliver = self._delivery
+        for batch in engine.run(epoch, first):
+            out = deliver(batch)
+            j = batch.index
+            del batch  # (its views of the buffer)
+            yield j, out
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -42,6 +42,8 @@ class LoaderSettings:
     prefetch_bytes: int = 128 << 20
     io: str = "auto"
     collate_fn: Callable | None = None
+    #: ``decode="gpu"``: its :class:`~seqloader.dataflow.gpugather.GPUOptions`; None: the CPU
+    gpu: Any = None
 
     @staticmethod
     def check(*, num_workers: int, batch_size: int, cache: int, seed: int, prefetch: int,

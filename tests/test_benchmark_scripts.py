@@ -362,3 +362,23 @@ def test_raw_cpu_compares_checkouts(lmdb_dir):
                 "--consume", "copy", cwd=root)
     lines = [x for x in p.stdout.splitlines() if x.startswith("round 0")]
     assert len(lines) == 2 and lines[0].split()[-2] == lines[1].split()[-2]
+
+
+@pytest.mark.slow
+def test_gpu_node_runs_every_part_on_the_cpu(tmp_path):
+    """benchmarks/gpu_node.py end to end with --device cpu, tiny: every part measured,
+    the report written (the device run uses the same code on CUDA)."""
+    _script("gpu_node.py", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"),
+            "--device", "cpu", "--images", "40", "--workers", "1,2", "--gpu-workers", "1",
+            "--seconds", "1", "--batch-size", "8", "--size", "32", "--floor-images", "16",
+            "--budget", "280", cwd=tmp_path, timeout=300)
+    res = json.loads((tmp_path / "out" / "gpu_node.json").read_text())
+    parts = res["parts"]
+    assert [r["workers"] for r in parts["cpu"]] == [1, 2]
+    assert all("error" not in r and r["images_per_s"] > 0 for r in parts["cpu"] + parts["gpu"])
+    assert {r["recipe"] for r in parts["gpu"]} == {"train", "eval"}
+    # (32 px from ImageNet-sized images: ~4 grey levels mean, docs/gpu.md; ~0.8 at 224)
+    assert parts["pixels"]["train"]["mean"] < 8 and parts["pixels"]["eval"]["mean"] < 8
+    assert parts["floor"]["pageable"]["images_per_s"] > 0
+    assert "gpu_over_cpu_top" in res["summary"] and "decode_floor_images_per_s" in res["summary"]
+    assert "## Goals" in (tmp_path / "out" / "gpu_node.md").read_text()

@@ -34,7 +34,9 @@ def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generat
 class BatchSpec:
     """What a worker needs to fill a batch buffer; picklable, sent to each worker once.
 
-    ``mode`` is ``"raw"`` (encoded bytes are the batch) or ``"decode"``.  In decode
+    ``mode`` is ``"raw"`` (encoded bytes are the batch), ``"decode"`` or ``"gpu"`` (the
+    workers gather the batch for the main process to decode: NOTE [ GPU batches ] in
+    :mod:`seqloader.dataflow.gpugather`; ``fused`` writes uint8 fallback samples).  In decode
     mode exactly one of ``fused`` (a :class:`~seqloader.transforms.FusedPipeline`)
     and ``transform`` (``callable(img_rgb_uint8, rng) -> array``) is set, and every
     sample has ``sample_shape``/``sample_dtype``.  ``seed`` and ``rank`` seed the
@@ -57,6 +59,16 @@ class BatchSpec:
     target_kind: str = "class"
     #: the labels region's size for "any" targets (``targets.labels_nbytes``)
     target_nbytes: int = 0
+    #: mode "gpu": the :class:`~seqloader.dataflow.gpugather.GPUOptions` (NOTE [ GPU batches ])
+    gpu: Any = None
+    #: the records hold stored pixels (NOTE [ stored pixels ])
+    stored_pixels: bool = False
+
+    @property
+    def keeps_inputs(self) -> bool:
+        """The records must outlive the workers' pass (mode "gpu": the main process
+        decodes them), so they lie after the samples region, not over it."""
+        return self.mode == "gpu"
 
     @property
     def sample_nbytes(self) -> int:
@@ -76,7 +88,7 @@ class BatchSpec:
         """Bytes after the samples region: 1 MiB, plus whatever ``1.25x`` a mean batch of
         records (a sum of 256 record sizes rarely strays 10 % from its mean) needs beyond
         80 % of the samples region (small outputs, large JPEGs)."""
-        excess = self.mean_record + 64 - 0.8 * self.sample_nbytes
+        excess = self.mean_record + 64 - (0 if self.keeps_inputs else 0.8 * self.sample_nbytes)
         return (1 << 20) + int(1.25 * self.batch_size * max(0.0, excess))
 
     @property
@@ -89,9 +101,9 @@ class BatchSpec:
         total = int(sum(sizes))
         start = self.slot_nbytes - total
         L, S = self.labels_nbytes, self.sample_nbytes
-        if start < L:
+        if start < (L + self.batch_size * S if self.keeps_inputs else L):
             return None
-        if S and len(sizes) > 1:
+        if S and len(sizes) > 1 and not self.keeps_inputs:
             # record i+1 must begin at or after the end of sample i, for every i
             ends = start + np.cumsum(np.asarray(sizes[:-1], np.int64))
             if np.any(ends < L + S * np.arange(1, len(sizes))):

@@ -37,6 +37,12 @@ class Delivery:
         return targetregion.collate_batch(out, targets, self.collate_fn, self.device,
                                           self.pin_memory)
 
+    def collated(self, batch: tuple[Any, Any]) -> Any:
+        """A batch made elsewhere (the GPU decoder's ``(images, labels)``) through
+        ``collate_fn``, as :meth:`__call__` passes its own."""
+        return targetregion.collate_batch(batch, None, self.collate_fn, self.device,
+                                          self.pin_memory)
+
     def _materialize(self, sample_dtype: str, labels_v: np.ndarray, batch: Batch):
         """Batch tensors from a buffer.  NOTE [ zero-copy batches ]: on the CPU the images
         tensor is a view of the shared-memory buffer, leased until the tensor (and every

@@ -14,7 +14,8 @@ from ..read.plan import EpochPlan, plan_epoch
 from .base import DataFlow, ProxyDataFlow
 from ..errors import FormatError
 from . import targetregion as _targets
-from .batch import BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error
+from .batch import (BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error,
+                    slot_views)
 
 __all__ = ["MultiProcessMapAndBatchData", "Batch", "batch_spec"]
 
@@ -35,12 +36,17 @@ class Batch:
     raw: list[bytes] | None = None
     #: the worker pool's buffer holding it, or None (made in this process)
     slot: int | None = None
+    #: mode "gpu": the whole batch buffer (uint8) the samples' records lie in (NOTE [ GPU
+    #: batches ]); else None
+    whole: np.ndarray | None = None
 
 
 def batch_spec(df: Any, transform: Callable | None, target_transform: Callable | None = None,
-               output: str = "float") -> tuple[BatchSpec, Any]:
+               output: str = "float", gpu: Any = None) -> tuple[BatchSpec, Any]:
     """The workers' spec for batches of the planned ``df`` and the device normalisation
     that ``output="uint8"`` leaves to the caller (or None).  ``transform=None``: raw mode.
+    ``gpu`` (a :class:`~seqloader.dataflow.gpugather.GPUOptions`): mode "gpu", the
+    workers gather batches for the device (NOTE [ GPU batches ]).
     A plain transform is run on record 0 here to learn the sample shape (a failure
     there raises :class:`~seqloader.errors.RecordError` naming record 0)."""
     if output not in ("float", "uint8"):
@@ -54,6 +60,9 @@ def batch_spec(df: Any, transform: Callable | None, target_transform: Callable |
     if transform is None:
         return BatchSpec(mode="raw", sample_shape=(0,), sample_dtype="uint8", **common), None
     from ..transforms import adapt, compile_fused, decode_rgb
+
+    if gpu is not None:
+        return _gpu_spec(db, transform, gpu, common), None
 
     fused = compile_fused(transform, output=output)
     normalize = None
@@ -79,6 +88,24 @@ def batch_spec(df: Any, transform: Callable | None, target_transform: Callable |
                      sample_dtype=sample.dtype.name, **common), None
 
 
+def _gpu_spec(db: Any, transform: Callable, gpu: Any, common: dict) -> BatchSpec:
+    from ..transforms import compile_fused
+    from .gpugather import sample_nbytes
+
+    fused = compile_fused(transform, output="uint8")
+    if fused is None:
+        raise ValueError("decode='gpu' needs a standard recipe (RandomResizedCrop or Resize + "
+                         "CenterCrop, optional flip, ToTensor, Normalize: seqloader's or "
+                         f"torchvision's classes) to run on the device, got {transform!r}; "
+                         "use decode='cpu' for other transforms")
+    if common["target_kind"] != "class":
+        raise ValueError("decode='gpu' yields integer class labels; this database holds other "
+                         "targets: use decode='cpu'")
+    return BatchSpec(mode="gpu", fused=fused, gpu=gpu, sample_shape=(sample_nbytes(fused.out_hw),),
+                     sample_dtype="uint8",
+                     stored_pixels=db.metas[0].image_format == "pixels", **common)
+
+
 class MultiProcessMapAndBatchData(ProxyDataFlow):
     """Apply ``transform`` to the records of each batch of ``df`` (a
     :class:`~seqloader.dataflow.stages.BatchData` over the reader stages) in
@@ -96,7 +123,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def __init__(self, df: DataFlow, num_workers: int, transform: Callable | None = None, *,
                  target_transform: Callable | None = None, output: str = "float",
                  prefetch: int = 2, timeout: float = 0, start_method: str | None = None,
-                 read_ahead: bool = True):
+                 read_ahead: bool = True, gpu: Any = None):
         if df.planned != "batches":
             raise TypeError("MultiProcessMapAndBatchData reads a BatchData over LMDBData (and "
                             "optionally LocallyShuffleData); for other stages use "
@@ -106,7 +133,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         self.num_workers, self.transform = num_workers, transform
         self.target_transform, self.output = target_transform, output
         self.prefetch, self.timeout, self.start_method = prefetch, timeout, start_method
-        self.read_ahead = read_ahead
+        self.read_ahead, self.gpu = read_ahead, gpu
         #: the plan of its batches: ``df``'s, with batch ``j`` decoded by worker ``j % W``
         self.plan_spec = dataclasses.replace(df.plan_spec, num_workers=max(1, num_workers))
         self._spec: BatchSpec | None = None
@@ -117,7 +144,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def spec(self) -> BatchSpec:
         if self._spec is None:
             self._spec, self.device_normalize = batch_spec(self.df, self.transform,
-                                                           self.target_transform, self.output)
+                                                           self.target_transform, self.output,
+                                                           self.gpu)
         return self._spec
 
     @property
@@ -128,6 +156,18 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(self.plan_spec, epoch)
 
+    def start(self) -> None:
+        """Start the workers now, in this thread (else the first :meth:`run` does).  A
+        caller that iterates :meth:`run` in another thread must: workers get SIGKILL
+        when the *thread* that started them ends (``PR_SET_PDEATHSIG``)."""
+        if self.in_process:
+            return
+        if self.pool is None:
+            from .pool import WorkerPool
+            self.pool = WorkerPool(self.spec, self.num_workers, prefetch=self.prefetch,
+                                   start_method=self.start_method, timeout=self.timeout)
+        self.pool.start()
+
     def run(self, epoch: int, first: int = 0) -> Iterator[Batch]:
         """The :class:`Batch` es ``j >= first`` of ``epoch``."""
         plan = self.plan(epoch)
@@ -135,17 +175,20 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         if self.in_process:
             yield from self._in_process(spec, plan, first)
             return
-        if self.pool is None:
-            from .pool import WorkerPool
-            self.pool = WorkerPool(spec, self.num_workers, prefetch=self.prefetch,
-                                   start_method=self.start_method, timeout=self.timeout)
+        self.start()
         # the workers go on into the next epoch (the one that follows unless the next
         # run asks for another; then that work is cancelled)
         ahead = self.plan(epoch + 1) if self.read_ahead else None
+        gpu = spec.mode == "gpu"
         for j, n, (labels, samples), slot in self.pool.epoch(plan, self.df, first, ahead):
-            yield Batch(j, labels, samples, None, slot)
+            whole = slot_views(self.pool.slot_buffer(slot), spec, 0)[2] if gpu else None
+            yield Batch(j, labels, samples, None, slot, whole)
+            del whole
 
     def _in_process(self, spec: BatchSpec, plan: EpochPlan, first: int):
+        if spec.mode == "gpu":
+            yield from self._gathered(spec, plan, first)
+            return
         B = spec.batch_size
         labels = _targets.target_region(spec.target_kind, spec.labels_nbytes)  # HOOK [ any targets ]
         samples = np.empty((B, *spec.sample_shape), spec.sample_dtype)
@@ -160,6 +203,30 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                 raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], region,
                                    samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
             yield Batch(j, region, samples[:n], raw)
+
+    def _gathered(self, spec: BatchSpec, plan: EpochPlan, first: int):
+        """Mode "gpu" without workers: the reader copies each batch's records into one
+        buffer laid out as a worker's (each image copied once), then gathers it (NOTE
+        [ GPU batches ])."""
+        from .gpugather import gather_batch
+
+        buf = np.empty(spec.slot_nbytes, np.uint8)
+        labels, samples, whole = slot_views(buf, spec, spec.batch_size)
+        for j, recs in self.df.batches(plan, first, release=False):
+            n = len(recs)
+            start = spec.input_start([len(v) for _, v in recs])
+            values: list[Any] = []
+            for _, v in recs:  # (a batch too large for the buffer: gathered from the views)
+                if start is None:
+                    values.append(v)
+                    continue
+                self.df.copy_into(v, whole[start:start + len(v)])
+                values.append(whole[start:start + len(v)].data)
+                start += len(v)
+            gather_batch(spec, whole, values, [i for i, _ in recs], labels[:n], samples[:n],
+                         batch_rng(spec.seed, plan.epoch, spec.rank, j))
+            del values
+            yield Batch(j, labels[:n], samples[:n], whole=whole)
 
     def _raw(self, spec: BatchSpec, plan: EpochPlan, first: int, labels: np.ndarray,
              samples: np.ndarray):

@@ -45,6 +45,7 @@ from ..errors import RecordError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, batch_rng, decode_batch, slot_views
 from .feedthread import Feed, FeedThread
+from .gpugather import gather_batch
 from .procs import ProcessGroup, kill, serve, unmap_later
 from .threads import prepare_worker
 
@@ -81,8 +82,11 @@ def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
     try:
         values = inline if inline is not None else [
             whole[offsets[i]:offsets[i + 1]].data for i in range(n)]
-        decode_batch(spec, values, indices, labels, samples,
-                     batch_rng(spec.seed, epoch, spec.rank, j))
+        rng = batch_rng(spec.seed, epoch, spec.rank, j)
+        if spec.mode == "gpu":  # gather for the main process to decode (NOTE [ GPU batches ])
+            gather_batch(spec, whole, values, indices, labels, samples, rng)
+        else:
+            decode_batch(spec, values, indices, labels, samples, rng)
         return ("done", epoch, j, slot)
     except RecordError as e:
         return ("error", epoch, j, slot, e)

@@ -23,6 +23,7 @@ ALLOWED = {
     "ops": {"rng", "geometry", "resample", "jpegwindow"},
     "fused": {"rng", "geometry", "resample", "jpegwindow", "tensor"},
     "compile": {"rng", "geometry", "fused", "ops", "tensor"},
+    "gpu": {"geometry", "ops"},
 }
 
 # Imports seqloader.transforms.<name> with stub packages for seqloader and
