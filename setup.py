@@ -24,6 +24,8 @@ setup(
         "test": ["pytest>=7", "pillow>=9"],
         # the S3 endpoint of the remote tests (tests/remote_servers.py)
         "test-remote": ["moto[server]>=5"],
+        # webdataset's own reader of `seqloader export --format webdataset`'s shards
+        "test-extras": ["webdataset>=0.2"],
         "plot": ["matplotlib>=3.5"],
         # reading databases at URLs (s3://, https://, ...: any fsspec protocol)
         "remote": ["fsspec>=2023.1", "s3fs>=2023.1", "aiohttp>=3.8"],

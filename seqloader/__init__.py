@@ -15,8 +15,10 @@ from .dataflow.reading import LMDBData, LocallyShuffleData
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)
 from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
-                     NoRecordsError, RecordError, RemoteError, SeqloaderError, WorkerDiedError,
-                     WorkerError, WorkerTimeoutError)
+                     NoRecordsError, RecordError, RemoteAccessError, RemoteChangedError,
+                     RemoteDataError, RemoteError, RemoteNotFoundError, RemoteTimeoutError,
+                     RemoteUnreachableError, SeqloaderError, WorkerDiedError, WorkerError,
+                     WorkerTimeoutError)
 from .read.database import open_database
 from .write.dataset import write_dataset
 from .write.preprocess import preprocess
@@ -38,6 +40,8 @@ __all__ = [
     "open_database", "DataFlow", "LMDBData", "LocallyShuffleData", "BatchData", "MapData",
     "MapDataComponent", "MultiProcessMapData", "MultiProcessMapAndBatchData",
     "SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError", "NoRecordsError",
-    "BadImageError", "RemoteError", "RecordError", "WorkerError", "WorkerDiedError",
+    "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
+    "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
+    "RecordError", "WorkerError", "WorkerDiedError",
     "WorkerTimeoutError",
 ]

@@ -1,17 +1,16 @@
-"""The ``seqloader`` command: preprocess, info, verify, synth, demo, bench."""
+"""The ``seqloader`` command: preprocess, info, verify, synth, demo, bench, and the dataset
+tools (show, subset, reshard, merge, export: :mod:`seqloader.tools.dbtools`)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from .errors import SeqloaderError
-
-if TYPE_CHECKING:
-    from .read.database import Database
 
 __all__ = ["main", "add_preprocess_arguments", "run_preprocess", "one_line"]
 
@@ -156,7 +155,13 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
     without it, every split with a database there, train and val first.  Raises
     FileNotFoundError naming what is there instead (e.g. an image tree to preprocess)."""
     from .format.files import database_splits, find_database
+    from .read.remote import is_url
 
+    if split is None and is_url(str(path)) and not str(path).rstrip("/").endswith(".lmdb"):
+        from .read.remote import RemoteOptions
+        from .read.remoteopen import remote_splits
+
+        return list(remote_splits(str(path), RemoteOptions())) or [None]
     p = Path(path)
     if split is not None or not p.is_dir():
         return [split]
@@ -167,93 +172,25 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from .tools.dbtools.info import describe, format_info
+
     splits = path_splits(args.path, args.split)
-    folder = args.split is None and Path(args.path).is_dir()
+    folder = args.split is None and (Path(args.path).is_dir() or splits != [None])
     infos = {}
     for i, split in enumerate(splits):
-        if not args.json and i:
-            print()
-        infos[split] = _describe(args.path, split, args.json)
+        infos[split] = describe(args.path, split)
+        if not args.json:
+            print(("\n" if i else "") + format_info(infos[split]), flush=True)
     if args.json:
         print(json.dumps(infos if folder else infos[splits[0]], indent=2))
     return 0
-
-
-def _describe(path: str, split: str | None, as_json: bool) -> dict:
-    """Print what ``info`` says about one split (unless ``as_json``); its JSON object."""
-    from .read.database import empty_reason, open_database
-
-    db = open_database(path, split, require_complete=False, require_records=False)
-    info = {
-        "paths": [str(p) for p in db.paths], "split": db.split, "num_records": db.num_records,
-        "num_classes": len(db.classes), "classes": db.classes,
-        "format_version": db.metas[0].version, "complete": all(m.complete for m in db.metas),
-        "image_bytes": db.image_bytes, "file_bytes": db.file_bytes,
-        "shuffled": db.metas[0].shuffled, "seed": db.metas[0].seed,
-        "checksums": [m.checksum for m in db.metas],
-        "checksum_algorithm": db.metas[0].checksum_algorithm, "shard_sizes": list(db.shard_sizes),
-        "bad_files": sum(len(m.bad_files) for m in db.metas), "created": db.metas[0].created,
-        "record_extents": all(bool(m.extents) for m in db.metas),
-        "writer": db.metas[0].writer,
-        "restart_markers": _restart_markers(db),
-    }
-    if as_json:
-        return info
-    cls = db.classes
-    print(f"{', '.join(info['paths'])}\n"
-          f"  split {db.split!r}, format version {info['format_version']}, "
-          f"{'complete' if info['complete'] else 'INCOMPLETE (re-run the writer to resume)'}\n"
-          f"  {db.num_records} records, {len(cls)} classes ({', '.join(cls[:5])}"
-          f"{', ...' if len(cls) > 5 else ''})\n"
-          f"  {db.image_bytes / 2**20:.1f} MiB of images, {db.file_bytes / 2**20:.1f} MiB on disk, "
-          f"{len(db.paths)} shard(s)\n"
-          f"  order: {'shuffled, seed ' + str(info['seed']) if info['shuffled'] else 'sorted'}; "
-          f"{info['bad_files']} bad source file(s) skipped\n"
-          f"  checksum ({info['checksum_algorithm']}) "
-          f"{', '.join(c[:16] + '…' for c in info['checksums'])}\n"
-          f"  written with: {_writer_options(info['writer'])}\n"
-          f"  record extents: " + ("yes (read without B-tree lookups)" if info["record_extents"]
-                                   else "no (an older writer: records are found through the "
-                                        "B-tree; re-create the file to get them)"))
-    if info["restart_markers"]:
-        print("  restart markers (first record): " + (
-            "yes, with a restart index" if info["restart_markers"] == "index" else
-            "yes, without a restart index (an older writer: each crop scans for the markers; "
-            "re-create the file for a ~4-5 % faster fused transform)"))
-    if db.num_records == 0:
-        print(f"  EMPTY: {empty_reason(db)}")
-    return info
-
-
-def _writer_options(w: dict | None) -> str:
-    if not w:
-        return "(not recorded)"
-    opts = [f"seqloader {w.get('seqloader', '?')}", "verify" if w.get("verify") else "no-verify"]
-    if w.get("max_size"):
-        opts.append(f"max-size {w['max_size']} (quality {w.get('quality')})")
-    if w.get("restart_markers"):
-        opts.append("restart markers")
-    return ", ".join(opts)
-
-
-def _restart_markers(db: Database) -> str | None:
-    """Whether the first record's image has restart markers in a grid: ``"index"`` (and
-    a restart index, NOTE [ restart index ]), ``"markers"`` (without one) or None."""
-    from .format.jpeg import grid_scan
-
-    if db.num_records == 0:
-        return None
-    scan = grid_scan(db.first_record().image)
-    if scan is None:
-        return None
-    return "index" if scan.index != (0, 0) else "markers"
 
 
 def _verify(args: argparse.Namespace) -> int:
     from .read.verify import verify_database
 
     splits = path_splits(args.path, args.split)
-    named = args.split is None and Path(args.path).is_dir()  # (else the path says which)
+    named = args.split is None and (Path(args.path).is_dir() or splits != [None])
     ok = True
     for split in splits:
         res = verify_database(args.path, split, workers=args.workers,
@@ -341,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-mbps", type=float, metavar="MB/S",
                    help="with --compare-formats: the disk's bandwidth (default: measured)")
     p.set_defaults(fn=_run_bench_or_compare)
+    from .tools.dbtools.commands import add_commands
+
+    add_commands(sub)
     p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
     p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -367,11 +307,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
         return args.fn(args)
+    except BrokenPipeError:  # (`seqloader info DIR | head`: the reader has all it wanted)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (SeqloaderError, OSError, ValueError, RuntimeError) as e:
         # NOTE [ one error boundary ]: what the user gave (files, archives, options, the
         # disk) fails as one line and exit 2; anything else is a bug in seqloader and keeps
         # its traceback
-        print(f"seqloader {args.command}: error: {one_line(e)}", file=sys.stderr)
+        from .read.remotefaults import redact  # (no credentials from a URL in any message)
+
+        print(f"seqloader {args.command}: error: {redact(one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = ""

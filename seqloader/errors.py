@@ -7,9 +7,17 @@ before the hierarchy existed (``ValueError``, ``RuntimeError``, ``OSError``,
     SeqloaderError
       FormatError (ValueError)          IncompleteError, EmptyDatabaseError,
                                         DamagedArchiveError, UnsafePickleError
+      NotFoundError (FileNotFoundError) a database, split, source or labels file is missing
+      OutputExistsError (FileExistsError)  an output is in the way
       NoRecordsError (ValueError)
       BadImageError (ValueError)
-      RemoteError (OSError)
+      RemoteError (OSError)             a remote read failed for good; by cause:
+        RemoteTimeoutError (TimeoutError)     no answer within the time budget
+        RemoteUnreachableError                connection refused / reset / DNS
+        RemoteAccessError (PermissionError)   401/403: credentials or permissions
+        RemoteNotFoundError (NotFoundError)   404: no such bucket, key or split
+        RemoteChangedError                    the file changed since it was opened
+        RemoteDataError                       bytes that fail the format's checks
       WorkerError (RuntimeError)        the work of the worker pool failed
         RecordError                     one record / datapoint failed (any num_workers)
         WorkerDiedError                 a worker process died
@@ -30,8 +38,10 @@ from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
            "DamagedArchiveError", "NotFoundError", "OutputExistsError", "NoRecordsError",
-           "BadImageError", "RemoteError", "WorkerError", "RecordError", "WorkerDiedError",
-           "WorkerTimeoutError", "RemoteTraceback"]
+           "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
+           "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
+           "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError",
+           "RemoteTraceback"]
 
 
 class SeqloaderError(Exception):
@@ -77,7 +87,37 @@ class BadImageError(SeqloaderError, ValueError):
 
 
 class RemoteError(SeqloaderError, OSError):
-    """A remote read failed for good (after retries, or a permanent error)."""
+    """A remote read failed for good (after retries, or a permanent error).  The
+    same class whatever ``num_workers`` (NOTE [ one error contract ]); its message
+    names the URL without credentials or query."""
+
+
+class RemoteTimeoutError(RemoteError, TimeoutError):
+    """The server did not answer (or stopped sending) within the time budget
+    (``RemoteOptions.connect_timeout`` / ``timeout`` / ``deadline``)."""
+
+
+class RemoteUnreachableError(RemoteError, ConnectionError):
+    """The server could not be reached for the whole ``deadline`` (refused, reset,
+    unknown host, 5xx)."""
+
+
+class RemoteAccessError(RemoteError, PermissionError):
+    """401/403: the credentials are wrong or lack permission."""
+
+
+class RemoteNotFoundError(RemoteError, NotFoundError):
+    """404: no such bucket, key or database split."""
+
+
+class RemoteChangedError(RemoteError):
+    """A remote file differs from the one whose metadata was read (ETag, size or
+    content)."""
+
+
+class RemoteDataError(RemoteError):
+    """Bytes read over the network fail the format's checks (a record that does not
+    unpack, or whose label differs from the metadata's)."""
 
 
 class WorkerError(SeqloaderError, RuntimeError):

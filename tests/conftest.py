@@ -22,6 +22,7 @@ OPTIONAL = {
     "moto": "pip install -c constraints.txt -e '.[remote,test-remote]'",
     "fsspec": "pip install -c constraints.txt -e '.[remote]'",
     "aiohttp": "pip install -c constraints.txt -e '.[remote]'",
+    "webdataset": "pip install -c constraints.txt -e '.[test-extras]'",
 }
 _PROGRAMS = {"jpegtran", "nginx"}
 

@@ -129,16 +129,22 @@ class FaultProxy:
     answer a request itself instead of forwarding it: ``fault(n, request_line)`` (n
     counts requests from 0) returns None (forward), ``"reset"`` (RST before any reply),
     ``"cut"`` (forward half the reply, then RST), ``"slow:<s>"`` (wait, then forward),
-    or ``"<status>"`` (e.g. ``"503"``, ``"403"``: an S3-style error reply).
+    or ``"<status>"`` (e.g. ``"503"``, ``"403"``: an S3-style error reply), ``"hang"``
+    (accept, read the request, never answer), ``"flip:<offset>"`` (forward, with the byte
+    at file offset ``offset`` of a ranged reply inverted).  ``etags``: ``"keep"``,
+    ``"strip"`` (replies carry no ETag) or ``"weak"`` (ETags made weak, ``W/"..."``, and
+    an ``If-Match`` with a weak tag answered 412, as RFC 9110 says).
     :meth:`down` refuses connections until :meth:`up` (a server restart)."""
 
-    def __init__(self, upstream_port: int, fault: Callable[[int, str], str | None] = lambda n, r: None):
-        self.upstream, self.fault = upstream_port, fault
+    def __init__(self, upstream_port: int, fault: Callable[[int, str], str | None] = lambda n, r: None,
+                 etags: str = "keep"):
+        self.upstream, self.fault, self.etags = upstream_port, fault, etags
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.count = 0
         self.injected: list[str] = []
         self.lock = threading.Lock()
+        self.released = threading.Event()  # ends every "hang"
         self.up()
 
     def up(self) -> None:
@@ -152,6 +158,11 @@ class FaultProxy:
     def down(self) -> None:
         self.sock.close()
         self.thread.join(5)
+
+    def close(self) -> None:
+        """Down for good, hung connections released."""
+        self.released.set()
+        self.down()
 
     def _accept(self, sock: socket.socket) -> None:
         while True:
@@ -185,16 +196,21 @@ class FaultProxy:
             action = self.fault(n, line)
             if action is not None:
                 self.injected.append(action)
+            if action == "hang":
+                self.released.wait(600)
+                return
             if action == "reset":
                 _reset(conn)
                 return
+            if self.etags == "weak" and re.search(rb'(?im)^if-match:\s*W/', head):
+                action = "412"
             if action and action.isdigit():
                 msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>'
                        + (b"SlowDown" if action == "503" else b"AccessDenied")
                        + b"</Code><Message>injected</Message></Error>")
                 conn.sendall(f"HTTP/1.1 {action} Injected\r\nContent-Type: application/xml\r\n"
                              f"Content-Length: {len(msg)}\r\nConnection: close\r\n\r\n".encode()
-                             + msg)
+                             + (b"" if line.startswith("HEAD ") else msg))  # (HEAD: no body)
                 return
             if action and action.startswith("slow:"):
                 time.sleep(float(action[5:]))
@@ -205,6 +221,7 @@ class FaultProxy:
                 reply = b""
                 while chunk := up.recv(1 << 20):
                     reply += chunk
+            reply = self._rewrite(reply, head, action)
             if action == "cut":
                 conn.sendall(reply[:len(reply) // 2])
                 _reset(conn)
@@ -214,6 +231,20 @@ class FaultProxy:
             pass
         finally:
             conn.close()
+
+
+    def _rewrite(self, reply: bytes, request: bytes, action: str | None) -> bytes:
+        top, sep, body = reply.partition(b"\r\n\r\n")
+        if self.etags == "strip":
+            top = re.sub(rb"(?im)\r\netag:[^\r\n]*", b"", top)
+        elif self.etags == "weak":
+            top = re.sub(rb'(?im)(\r\netag:\s*)"', rb'\1W/"', top)
+        if action and action.startswith("flip:"):
+            m = re.search(rb"(?im)^range:\s*bytes=(\d+)-", request)
+            at = int(action[5:]) - (int(m.group(1)) if m else 0)
+            if 0 <= at < len(body) and top.startswith(b"HTTP/1.1 20"):
+                body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
+        return top + sep + body
 
 
 def _reset(conn: socket.socket) -> None:

@@ -382,3 +382,16 @@ def test_gpu_node_runs_every_part_on_the_cpu(tmp_path):
     assert parts["floor"]["pageable"]["images_per_s"] > 0
     assert "gpu_over_cpu_top" in res["summary"] and "decode_floor_images_per_s" in res["summary"]
     assert "## Goals" in (tmp_path / "out" / "gpu_node.md").read_text()
+
+
+def test_dbtools_hdd_script(lmdb_dir, tmp_path):
+    """Every step of benchmarks/dbtools_hdd.py runs (a fake hddsim: the wiring only)."""
+    fake = tmp_path / "fake-hddsim"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    p = _script("dbtools_hdd.py", str(lmdb_dir), str(tmp_path / "work"), "--hddsim", str(fake),
+                "--json", str(tmp_path / "r.json"), cwd=tmp_path)
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert [r["step"] for r in rows][:3] == ["read", "reshard", "subset-half"] and len(rows) == 9
+    assert all(r["wall_s"] >= 0 and r["source_bytes"] > 0 for r in rows)
+    assert all(r["output_bytes"] > 0 for r in rows[1:]) and p.stdout.count("\n") == 9

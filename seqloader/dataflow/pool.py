@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -41,7 +42,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import RecordError, WorkerDiedError, WorkerError
+from ..errors import RecordError, SeqloaderError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, batch_rng, decode_batch, slot_views
 from .feedthread import Feed, FeedThread
@@ -141,6 +142,7 @@ class WorkerPool:
         self._free: queue.Queue[int] | None = None
         self._leased: set[int] = set()  # buffers the caller holds as batch tensors
         self._run = 0  # counts closes: a lease token (slot numbers are reused by restarts)
+        self._sent: dict[tuple[int, int], float] = {}  # (epoch, batch) -> when submitted
 
     # ------------------------------------------------ the feed thread's API
     @property
@@ -154,6 +156,7 @@ class WorkerPool:
 
     def submit(self, w: int, msg: tuple) -> None:
         """Send ``msg`` (a ``batch`` message) to worker ``w``."""
+        self._sent[(msg[2], msg[3])] = time.monotonic()
         self.group.send(w, msg)
 
     # ------------------------------------------------ lifecycle
@@ -213,11 +216,25 @@ class WorkerPool:
                 and reader.error_epoch in (None, self._consuming)):
             err, tb = reader.error
             self._cancel()
+            if isinstance(err, SeqloaderError) and not isinstance(err, WorkerError):
+                # a domain error (RemoteError, FormatError...) keeps its type, whatever
+                # num_workers (NOTE [ one error contract ]); its own traceback is the
+                # reader thread's, kept as `reader_traceback` too
+                if getattr(err, "reader_traceback", None) is None:
+                    err.reader_traceback = tb
+                    err.add_note(f"(raised in the seqloader reader thread during {doing})")
+                raise err
             raise WorkerError(f"seqloader reader thread failed during {doing}: "
                               f"{type(err).__name__}: {err}\n\nReader traceback:\n{tb}") from err
 
-    def _recv(self, w: int, timeout: float, doing: str) -> Any:
-        return self.group.recv(w, timeout, doing, check=lambda: self._check_reader(doing))
+    def _recv(self, w: int, timeout: float, doing: str, batch: tuple[int, int] | None = None
+              ) -> Any:
+        since = None if batch is None else (lambda: self._sent.get(batch))
+        msg = self.group.recv(w, timeout, doing, check=lambda: self._check_reader(doing),
+                              since=since)
+        if batch is not None:
+            self._sent.pop(batch, None)
+        return msg
 
     def _feed(self, feed: Feed, plan: EpochPlan, first: int, free: "queue.Queue[int]",
               then: EpochPlan | None = None) -> None:
@@ -265,7 +282,8 @@ class WorkerPool:
         try:
             for j in range(first_batch, plan.num_batches):
                 w = plan.worker_of(j)
-                msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}")
+                msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}",
+                                 (plan.epoch, j))
                 if msg[0] == "error":
                     err: RecordError = msg[4]
                     self._cancel()
@@ -333,6 +351,7 @@ class WorkerPool:
         """Stop an unfinished epoch: stop the reader, make workers skip queued batches and
         wait until every worker has acknowledged."""
         self._ahead = None
+        self._sent.clear()
         if not self._stop_reader(force=False):  # blocked sending to a stuck worker
             self.close(force=True)
             return

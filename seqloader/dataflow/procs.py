@@ -232,11 +232,15 @@ class ProcessGroup:
             self.conns[w].send(msg)
 
     def recv(self, w: int, timeout: float, doing: str,
-             check: Callable[[], None] | None = None) -> Any:
+             check: Callable[[], None] | None = None,
+             since: Callable[[], float | None] | None = None) -> Any:
         """The next message from worker ``w``, waiting at most ``timeout`` s (0: no
-        limit); ``check`` runs at every poll (a feed thread's error is raised from it)."""
+        limit); ``check`` runs at every poll (a feed thread's error is raised from it).
+        ``since`` gives when the awaited work was handed to the worker (None: not yet,
+        so its silence is not the worker's fault); the ``timeout`` counts from then."""
         conn, proc = self.conns[w], self.procs[w]
-        deadline = time.monotonic() + timeout if timeout else None
+        start = time.monotonic()
+        deadline = start + timeout if timeout else None
         while True:
             ready = wait([conn, proc.sentinel], POLL)
             if conn in ready or conn.poll():
@@ -253,6 +257,11 @@ class ProcessGroup:
                                       worker=w, pid=proc.pid, exitcode=code)
             if check is not None:
                 check()
+            if deadline is not None and since is not None:
+                handed = since()
+                deadline = None if handed is None else max(start, handed) + timeout
+                if deadline is None:
+                    continue
             if deadline is not None and time.monotonic() > deadline:
                 self._failed()
                 raise WorkerTimeoutError(f"{self.name} {w} (pid {proc.pid}) sent nothing for "

@@ -171,6 +171,13 @@ class Database:
     def __len__(self) -> int:
         return self.num_records
 
+    def __repr__(self) -> str:  # (no metadata dump; URLs without credentials)
+        from .remotefaults import safe_url
+
+        paths = [safe_url(str(p)) if self.remote is not None else str(p) for p in self.paths]
+        return (f"Database(paths={paths!r}, split={self.split!r}, num_records="
+                f"{self.num_records}, remote={self.remote!r})")
+
     def first_record(self) -> Record:
         """Record 0 of the first shard (opened and closed for this call); FormatError
         naming the file if it is missing or damaged."""

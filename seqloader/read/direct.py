@@ -270,7 +270,9 @@ class _Pass:
         timeout = self.stream.read_timeout
         try:
             got = fut.result(timeout=timeout)
-        except _FutureTimeout:
+        except _FutureTimeout as e:
+            if fut.done():  # (the read's own TimeoutError: the same class since 3.11)
+                raise self.stream._failure(e, part, r[2], r[3]) from e
             raise OSError(errno.ETIMEDOUT, f"{part.path}: a read of {r[3]} bytes at offset "
                           f"{r[2]} has not finished in {timeout:.0f} s; the disk or "
                           "file system is not responding") from None
@@ -289,7 +291,8 @@ class _Pass:
             try:
                 fut.result(timeout=self.stream.read_timeout)  # never reuse a buffer being filled
             except _FutureTimeout:
-                return  # a hung read keeps its buffer: the ring shrinks by one
+                if not fut.done():
+                    return  # a hung read keeps its buffer: the ring shrinks by one
             except Exception:  # noqa: BLE001 - its bytes are not used
                 pass
         self.free.append(r[4])

@@ -18,13 +18,16 @@ data GETs of a remote database take this path where it serves the same bytes:
 
 Everything else -- listings, HEADs, metadata reads, a proxy from the environment
 (``http_proxy`` ...), a store that cannot sign -- stays on fsspec.  Each GET carries
-``If-Match`` with the ETag seen at opening (a 412 is a changed file) and is bounded by
-``timeout`` as a whole, not per socket read.
+``If-Match`` with the (strong) ETag seen at opening (a 412 is a changed file), connects
+within ``connect_timeout`` and is bounded by ``timeout`` as a whole, not per socket
+read; :func:`interrupt` shuts down the sockets of every GET started with one ``abort``
+event (a stream giving up), so no thread stays blocked in a read.
 """
 from __future__ import annotations
 
 import http.client
 import os
+import socket
 import ssl
 import threading
 import time
@@ -32,14 +35,14 @@ import urllib.parse
 import urllib.request
 from typing import Callable
 
-__all__ = ["HTTPStatusError", "RangeIgnoredError", "direct_url", "get_into"]
+__all__ = ["HTTPStatusError", "RangeIgnoredError", "direct_url", "get_into", "interrupt"]
 
 _CHUNK = 1 << 20  # read a body in pieces this large, checking the deadline between them
 _SIGN_SECONDS = 6 * 3600
 
 
 class HTTPStatusError(OSError):
-    """A ranged GET answered with ``status`` (``_classify`` in remote.py sorts it)."""
+    """A ranged GET answered with ``status`` (:func:`~seqloader.read.remotefaults.classify` sorts it)."""
 
     def __init__(self, status: int, reason: str):
         super().__init__(f"HTTP {status} {reason}")
@@ -56,6 +59,19 @@ class RangeIgnoredError(ValueError):
 _local = threading.local()
 _signed: dict[tuple, tuple[float, str]] = {}
 _lock = threading.Lock()
+_active: dict[int, tuple[threading.Event, socket.socket]] = {}  # thread id -> its GET
+
+
+def interrupt(abort: threading.Event) -> None:
+    """Shut down the sockets of the GETs in flight that were started with ``abort``
+    (their reads then fail at once)."""
+    with _lock:
+        socks = [s for a, s in _active.values() if a is abort]
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _no_proxy_for(url: str) -> bool:
@@ -115,7 +131,8 @@ def _drop(parts: urllib.parse.SplitResult) -> None:
 
 
 def get_into(url: str, start: int, buf: memoryview, etag: str | None, timeout: float,
-             size: int) -> int:
+             size: int, *, connect_timeout: float | None = None,
+             abort: threading.Event | None = None) -> int:
     """GET bytes ``[start, start + len(buf))`` of ``url`` (a file of ``size`` bytes) into
     ``buf``; returns ``len(buf)``.  Raises :class:`HTTPStatusError` for a status other
     than 206 (200 for a whole-file range), ``TimeoutError`` past ``timeout`` seconds, and
@@ -130,10 +147,18 @@ def get_into(url: str, start: int, buf: memoryview, etag: str | None, timeout: f
     if etag:
         headers["If-Match"] = etag
     done, resp = False, None
+    me = threading.get_ident()
     try:
         if conn.sock is None:
+            conn.timeout = min(timeout, connect_timeout or timeout)
             conn.connect()
         sock = conn.sock  # (a response that closes the connection takes it over)
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        if abort is not None:
+            with _lock:
+                _active[me] = (abort, sock)
+            if abort.is_set():
+                raise ConnectionAbortedError("the read was stopped")
         conn.request("GET", target, headers=headers)
         resp = conn.getresponse()
         whole = resp.status == 200 and start == 0 and n == size
@@ -157,6 +182,9 @@ def get_into(url: str, start: int, buf: memoryview, etag: str | None, timeout: f
         done = not resp.will_close
         return got
     finally:
+        if abort is not None:
+            with _lock:
+                _active.pop(me, None)
         if not done:
             if resp is not None:
                 resp.close()

@@ -133,8 +133,14 @@ class RangeReader:
         offs = self._offsets
         indices = (offs[s] + local for s, a, b in parts for local in range(a, b))
         stream = self._source.read(self._parts(parts))
+        pairs = zip(indices, stream)
+        remote = self.db.remote
+        if remote is not None and remote.options.verify:  # NOTE [ records checked on arrival ]
+            from .remotecheck import checked_records
+
+            pairs = checked_records(pairs, self.db.paths, offs, self.db.metas)
         try:
-            yield from zip(indices, stream)
+            yield from pairs
         finally:
             stream.close()
 

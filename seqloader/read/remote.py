@@ -11,13 +11,14 @@ record.  Every rank fetches only its own chunks' spans.  The metadata comes from
 few ranged reads too (NOTE [ opening over ranged reads ] in
 :mod:`seqloader.read.remoteopen`), so nothing is copied to open a database.
 
-Faults: each GET is retried (``retries`` attempts, exponential backoff with jitter up
-to ``_BACKOFF_MAX`` s) on resets, timeouts, 5xx and throttling; a GET that takes longer
-than ``timeout`` is cancelled and retried.  Permanent errors (403, 404, and a file
-changed since it was opened: a GET carries ``If-Match: <ETag>`` where the protocol
-supports it, and every block's length is checked) raise :class:`RemoteError` naming
-the URL (without credentials or query) and the byte range.  A retried block is
-fetched whole again, so no record is lost or repeated.
+Faults: every request runs under NOTE [ remote time budget ] in
+:mod:`seqloader.read.remotefaults` (connect and request timeouts, retries with backoff
+within a per-block ``deadline``, the first failed block stopping the others); the
+errors are :class:`RemoteError` subclasses that name the cause, the URL (without
+credentials or query) and the byte range.  A GET carries ``If-Match: <ETag>`` where the
+protocol supports it and the ETag is strong (RFC 9110: a weak ``W/`` tag never matches
+there), and every block's length is checked.  A retried block is fetched whole again,
+so no record is lost or repeated.
 
 fsspec (and the protocol's package, e.g. s3fs) is an optional dependency, imported
 only when a URL is opened: ``pip install seqloader[remote]``.  Credentials come from
@@ -27,22 +28,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import re
-import time
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import NotFoundError, RemoteError
-from .httprange import RangeIgnoredError, direct_url, get_into
+from ..errors import RemoteChangedError, RemoteError
 from .direct import DirectStream
+from .httprange import RangeIgnoredError, direct_url, get_into, interrupt
+from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options, retrying,
+                           safe_url)
 from .bytesource import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
-           "RemoteStream", "filesystem", "is_url", "safe_url", "stat_remote", "with_timeout"]
+           "RemoteStream", "filesystem", "is_url", "safe_url", "stat_remote", "strong_etag",
+           "with_timeout"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_BACKOFF_MAX = 5.0
 
 
 def is_url(path: Any) -> bool:
@@ -50,15 +52,10 @@ def is_url(path: Any) -> bool:
     return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
 
 
-def safe_url(url: str) -> str:
-    """``url`` without user info and query (presigned URLs carry their signature there)."""
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)(?:[^/@]*@)?([^?#]*)", url)
-    return (m.group(1) + m.group(2)) if m else url.split("?", 1)[0]
-
-
-
-class RemoteChangedError(RemoteError):
-    """A remote file differs from the one whose metadata was read (ETag or size)."""
+def strong_etag(etag: str | None) -> str | None:
+    """``etag`` if it is a strong entity tag, None for a weak one (``W/"..."``): RFC
+    9110 compares ``If-Match`` strongly, so a weak tag there never matches (412)."""
+    return None if etag is None or etag.startswith(("W/", "w/")) else etag
 
 
 @dataclass(frozen=True)
@@ -68,16 +65,28 @@ class RemoteOptions:
     ``storage_options`` go to fsspec (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``,
     ``{"anon": True}``); ``cache_dir`` (None: no cache) keeps fetched blocks on local
     disk, at most ``cache_bytes`` (NOTE [ block cache ] in :mod:`seqloader.read.remotecache`);
-    ``timeout`` bounds one GET (seconds), ``retries`` the attempts per GET; ``block``
-    is the GET size and ``depth`` how many run at once."""
+    ``connect_timeout`` bounds connecting, ``timeout`` one request as a whole,
+    ``deadline`` all attempts at one block or call, ``retries`` their number (NOTE
+    [ remote time budget ] in :mod:`seqloader.read.remotefaults`); ``block`` is the GET
+    size and ``depth`` how many run at once; ``verify`` checks every record as it
+    arrives (NOTE [ records checked on arrival ] in :mod:`seqloader.read.remotecheck`)."""
 
     storage_options: dict = field(default_factory=dict)
     cache_dir: str | None = None
     cache_bytes: int = 0
-    timeout: float = 60.0
-    retries: int = 8
+    timeout: float = 20.0
+    retries: int = 30
     block: int = 8 << 20
     depth: int = 4
+    connect_timeout: float = 5.0
+    deadline: float = 60.0
+    verify: bool = True
+
+    def __repr__(self) -> str:  # (storage_options may hold secrets)
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                           if f.name != "storage_options")
+        return (f"RemoteOptions(storage_options={redact_options(self.storage_options)!r}, "
+                f"{fields})")
 
     def __post_init__(self) -> None:
         if self.cache_dir is not None and self.cache_bytes <= 0:
@@ -85,20 +94,23 @@ class RemoteOptions:
                              "cache_bytes > 0 (e.g. 200 << 30 for 200 GiB)")
         if self.block <= 0 or self.block % 4096:
             raise ValueError(f"block must be a positive multiple of 4096, got {self.block}")
-        if not self.timeout > 0 or self.retries < 1 or self.depth < 1:
-            raise ValueError(f"timeout ({self.timeout!r}) must be > 0, retries ({self.retries!r}) "
-                             f"and depth ({self.depth!r}) >= 1")
+        if not (self.timeout > 0 and self.connect_timeout > 0 and self.deadline > 0) \
+                or self.retries < 1 or self.depth < 1:
+            raise ValueError(f"timeout ({self.timeout!r}), connect_timeout "
+                             f"({self.connect_timeout!r}) and deadline ({self.deadline!r}) must "
+                             f"be > 0, retries ({self.retries!r}) and depth ({self.depth!r}) >= 1")
 
 
 def with_timeout(options: RemoteOptions | None, timeout: float) -> RemoteOptions | None:
-    """``options`` with each GET bounded by ``timeout`` s too (a Loader's ``timeout``;
-    0: no change)."""
+    """``options`` with every request and block bounded by ``timeout`` s too (a Loader's
+    ``timeout``, which then is the longest wait for any remote answer; 0: no change)."""
     if not timeout:
         return options
     options = options or RemoteOptions()
-    if options.timeout <= timeout:
-        return options
-    return dataclasses.replace(options, timeout=float(timeout))
+    t = float(timeout)
+    return dataclasses.replace(options, timeout=min(options.timeout, t),
+                               connect_timeout=min(options.connect_timeout, t),
+                               deadline=min(options.deadline, t))
 
 
 _FS: dict[tuple, tuple[Any, str]] = {}  # (pid, url, options) -> (filesystem, path)
@@ -139,60 +151,62 @@ def _plain(f: "RemoteFile") -> str | None:
 @dataclass(frozen=True)
 class RemoteFile:
     """One remote file as it was when opened: its ``size`` and ``etag`` (None when the
-    store gives none: then only the size is checked)."""
+    store gives none: then only the size is checked), and ``identity``, the database's
+    own (its metadata's fingerprint and checksum, once read: the block cache's key)."""
 
     url: str
     size: int
     etag: str | None
     options: RemoteOptions
+    identity: str = ""
 
-    def fetch(self, start: int, end: int) -> bytes:
+    def __repr__(self) -> str:
+        return (f"RemoteFile(url={safe_url(self.url)!r}, size={self.size}, etag={self.etag!r}, "
+                f"identity={self.identity!r})")
+
+    def fetch(self, start: int, end: int, abort: threading.Event | None = None) -> bytes:
         """Bytes ``[start, end)`` of the file as opened, retried on transient errors
-        (NOTE [ remote reading ]); :class:`RemoteError` when they cannot be had."""
-        return self._fetch(start, end, None)
+        (NOTE [ remote time budget ]); a :class:`RemoteError` naming the cause when they
+        cannot be had."""
+        return self._fetch(start, end, None, abort)
 
-    def fetch_into(self, start: int, buf: memoryview) -> None:
+    def fetch_into(self, start: int, buf: memoryview, abort: threading.Event | None = None) -> None:
         """:meth:`fetch` of ``len(buf)`` bytes from ``start``, written into ``buf``."""
-        self._fetch(start, start + len(buf), buf)
+        self._fetch(start, start + len(buf), buf, abort)
 
-    def _fetch(self, start: int, end: int, buf: memoryview | None) -> bytes | None:
+    def _fetch(self, start: int, end: int, buf: memoryview | None,
+               abort: threading.Event | None) -> bytes | None:
         """The bytes (``buf`` None), or None once written into ``buf``."""
         if not 0 <= start <= end <= self.size:
             raise ValueError(f"range [{start}, {end}) outside {safe_url(self.url)} "
                              f"({self.size} bytes)")
         if start == end:
             return None if buf is not None else b""
+        where = f"{safe_url(self.url)} bytes {start}-{end - 1}"
+        try:
+            return retrying(lambda t: self._attempt(start, end, buf, t, abort), where, self.url,
+                            self.options, abort=abort)
+        except RemoteChangedError:
+            raise self._changed(start, end) from None
+
+    def _attempt(self, start: int, end: int, buf: memoryview | None, timeout: float,
+                 abort: threading.Event | None) -> bytes | None:
         opts = self.options
-        last: BaseException | None = None
-        for attempt in range(opts.retries):
-            if attempt:
-                time.sleep(min(_BACKOFF_MAX, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0))
-            try:
-                plain = _plain(self)
-                if plain is not None:  # NOTE [ plain ranged GETs ]
-                    out = buf if buf is not None else memoryview(bytearray(end - start))
-                    get_into(plain, start, out, self.etag, opts.timeout, self.size)
-                    return None if buf is not None else bytes(out)
-                data = self._get(start, end)
-            except Exception as e:  # noqa: BLE001 - classified below
-                kind = _classify(e)
-                if kind == "changed":
-                    raise self._changed(start, end) from None
-                if kind == "permanent":
-                    raise RemoteError(f"{safe_url(self.url)} bytes {start}-{end - 1}: "
-                                      f"{_describe(e, self.url)}") from None
-                last = e
-                continue
-            if len(data) == end - start:
-                if buf is None:
-                    return data
-                buf[:] = data
-                return None
-            if len(data) == self.size and end - start != self.size:
-                raise RemoteError(f"{safe_url(self.url)}: {RangeIgnoredError.text}")
-            last = EOFError(f"got {len(data)} of {end - start} bytes")
-        raise RemoteError(f"{safe_url(self.url)} bytes {start}-{end - 1}: failed {opts.retries} "
-                          f"times, last: {_describe(last, self.url)}; is the server reachable?")
+        plain = _plain(self)
+        if plain is not None:  # NOTE [ plain ranged GETs ]
+            out = buf if buf is not None else memoryview(bytearray(end - start))
+            get_into(plain, start, out, strong_etag(self.etag), timeout, self.size,
+                     connect_timeout=min(opts.connect_timeout, timeout), abort=abort)
+            return None if buf is not None else bytes(out)
+        data = self._get(start, end, timeout)
+        if len(data) == self.size and end - start != self.size:
+            raise RemoteError(f"{safe_url(self.url)}: {RangeIgnoredError.text}")
+        if len(data) != end - start:
+            raise EOFError(f"got {len(data)} of {end - start} bytes")
+        if buf is None:
+            return data
+        buf[:] = data
+        return None
 
     def _changed(self, start: int, end: int) -> RemoteChangedError:
         return RemoteChangedError(
@@ -200,23 +214,24 @@ class RemoteFile:
             f"since it was opened (ETag {self.etag}, {self.size} bytes); open it again: "
             "create a new Loader")
 
-    def _get(self, start: int, end: int) -> bytes:
-        """One GET, cancelled after ``timeout`` seconds."""
+    def _get(self, start: int, end: int, timeout: float) -> bytes:
+        """One GET through fsspec, cancelled after ``timeout`` seconds."""
         fs, path = filesystem(self.url, self.options)
-        timeout = self.options.timeout
+        etag = strong_etag(self.etag)
         if not getattr(fs, "async_impl", False):
-            return fs.cat_file(path, start=start, end=end)
+            return call_with_timeout(fs, "cat_file", path, timeout, start=start, end=end)
         from fsspec.asyn import sync
 
         if hasattr(fs, "_call_s3") and hasattr(fs, "split_path"):
-            return sync(fs.loop, _s3_get, fs, path, start, end, self.etag, timeout=timeout)
+            return sync(fs.loop, _s3_get, fs, path, start, end, etag, timeout=timeout)
         kwargs = {}
-        if self.etag and "http" in _protocols(fs):
-            kwargs["headers"] = {"If-Match": self.etag}
+        if etag and "http" in _protocols(fs):
+            kwargs["headers"] = {"If-Match": etag}
         return sync(fs.loop, fs._cat_file, path, start=start, end=end, timeout=timeout, **kwargs)
 
     def check_unchanged(self) -> None:
-        """Compare the file's size and ETag now with those at opening (one HEAD)."""
+        """Compare the file's size and ETag now with those at opening (one HEAD; weak
+        ETags compared weakly: RFC 9110 allows that for this use)."""
         current = stat_remote(self.url, self.options)
         if current.size != self.size or (self.etag and current.etag and current.etag != self.etag):
             raise self._changed(0, self.size)
@@ -241,48 +256,6 @@ async def _s3_get(fs: Any, path: str, start: int, end: int, etag: str | None) ->
         resp["Body"].close()
 
 
-def _status(e: BaseException) -> int | None:
-    """The HTTP status behind ``e`` (aiohttp's, botocore's), following its causes."""
-    seen = 0
-    while e is not None and seen < 8:
-        status = getattr(e, "status", None)  # (not `code`: aiohttp's payload errors carry 400)
-        if isinstance(status, int) and 100 <= status < 600:
-            return status
-        resp = getattr(e, "response", None)
-        if isinstance(resp, dict):
-            code = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if isinstance(code, int):
-                return code
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return None
-
-
-def _classify(e: BaseException) -> str:
-    """``"changed"``, ``"permanent"`` or ``"transient"`` (retried)."""
-    status = _status(e)
-    if status == 412:
-        return "changed"
-    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotImplementedError,
-                      ValueError)):
-        return "permanent"
-    if status is not None and 400 <= status < 500 and status not in (408, 429):
-        return "permanent"
-    return "transient"
-
-
-def _describe(e: BaseException | None, url: str) -> str:
-    """A one-line description of ``e`` with the URL's credentials and query removed."""
-    if e is None:
-        return "no error recorded"
-    status = _status(e)
-    text = f"{type(e).__name__}" + (f" (HTTP {status})" if status else "")
-    detail = str(e).replace(url, safe_url(url))
-    detail = re.sub(r"([?&](?:X-Amz-[A-Za-z-]+|Signature|sig|token)=)[^&\s'\"]*", r"\1...",
-                    detail, flags=re.I)
-    detail = re.sub(r"://[^/@\s]*@", "://", detail)
-    return f"{text}: {detail[:300]}" if detail else text
-
-
 # ------------------------------------------------------------------ opening
 
 
@@ -295,16 +268,13 @@ class RemoteSource:
 
 
 def stat_remote(url: str, options: RemoteOptions) -> RemoteFile:
+    """The file at ``url`` as it is now (one HEAD under NOTE [ remote time budget ])."""
     fs, path = filesystem(url, options)
-    try:
+
+    def head(timeout: float) -> dict:
         fs.invalidate_cache(path)  # (fsspec may answer from a listing it cached earlier)
-        info = fs.info(path)
-    except FileNotFoundError:
-        raise NotFoundError(f"database {safe_url(url)} does not exist") from None
-    except Exception as e:  # noqa: BLE001 - named, credentials removed
-        if _classify(e) == "permanent":
-            raise RemoteError(f"{safe_url(url)}: {_describe(e, url)}") from None
-        raise RemoteError(f"{safe_url(url)}: cannot be reached: {_describe(e, url)}") from None
+        return call_with_timeout(fs, "info", path, timeout)
+    info = retrying(head, safe_url(url), url, options)
     size = info.get("size")
     if not isinstance(size, int):
         raise RemoteError(f"{safe_url(url)}: the server does not report the file's size; "
@@ -321,7 +291,8 @@ class RemoteStream(DirectStream):
     yields each record of :class:`~seqloader.read.direct.Part` s (``path`` = the URL) as a
     memoryview of its own bytes, fetched as ranged GETs of ``block`` bytes, ``depth``
     in flight, ``window`` bytes at most held (NOTE [ remote reading ]); through the
-    block cache when ``options.cache_dir`` is set.  The ``remote``
+    block cache when ``options.cache_dir`` is set.  The first block that fails stops
+    the others' retries (NOTE [ remote time budget ]).  The ``remote``
     :class:`~seqloader.read.bytesource.ByteSource`."""
 
     name = "remote"
@@ -330,19 +301,31 @@ class RemoteStream(DirectStream):
         opts = source.options
         super().__init__(window=max(window, 2 * opts.block), block=opts.block, depth=opts.depth)
         self.files = {f.url: f for f in source.files}
-        # one block may take every attempt, each up to the timeout, plus the backoffs
-        self.read_timeout = opts.retries * (opts.timeout + _BACKOFF_MAX) + 10
+        # a block's attempts end by its deadline (+ one connect and one request at most)
+        self.read_timeout = opts.deadline + opts.connect_timeout + opts.timeout + 10
+        self.abort = threading.Event()
+        self.first_error: RemoteError | None = None
         self.cache = None
         if opts.cache_dir is not None:
-            from .remotecache import BlockCache
+            from .remotecache import open_cache
 
-            self.cache = BlockCache(opts.cache_dir, opts.cache_bytes, opts.block)
+            self.cache = open_cache(opts.cache_dir, opts.cache_bytes, opts.block)
         self.checked: set[str] = set()
+
+    def read(self, parts: Any) -> Iterator[memoryview]:
+        self.abort = threading.Event()  # (a pass after a failed one starts afresh)
+        self.first_error: RemoteError | None = None
+        return super().read(parts)
+
+    def _stop(self) -> None:
+        """Stop every block's retries and interrupt the GETs in flight."""
+        self.abort.set()
+        interrupt(self.abort)
 
     def _file(self, part: Part) -> RemoteFile:
         f = self.files[part.path]
         if part.path not in self.checked and not _if_match_capable(f):
-            f.check_unchanged()  # (stores without If-Match: once per stream)
+            f.check_unchanged()  # (stores without a strong If-Match: once per stream)
             self.checked.add(part.path)
         return f
 
@@ -355,10 +338,21 @@ class RemoteStream(DirectStream):
             yield off, min(self.block, size - off)
 
     def _fill(self, part: Part, buf: Any, off: int, n: int) -> int:
-        f = self._file(part)
-        if self.cache is not None and self.cache.read_into(f, off, buf[:n]):
-            return n
-        f.fetch_into(off, buf[:n])
+        abort = self.abort
+        try:
+            f = self._file(part)
+            if self.cache is not None and self.cache.read_into(f, off, buf[:n]):
+                return n
+            f.fetch_into(off, buf[:n], abort)
+        except Aborted:  # another block failed first: its error is the pass's (a copy:
+            first = self.first_error  # one object raised in many threads mixes tracebacks)
+            raise (type(first)(*first.args) if first is not None else RemoteError(
+                f"{safe_url(part.path)} bytes {off}-{off + n - 1}: the read was stopped")) from None
+        except RemoteError as e:
+            if abort is self.abort:
+                self.first_error = self.first_error or e
+                self._stop()
+            raise
         if self.cache is not None:
             self.cache.put(f, off, buf[:n])
         return n
@@ -367,10 +361,12 @@ class RemoteStream(DirectStream):
         return self._file(part).fetch(off, off + n)
 
     def _failure(self, e: OSError, part: Part, off: int, n: int) -> BaseException:
-        if isinstance(e, RemoteError):
-            return e
-        return RemoteError(f"{safe_url(part.path)} bytes {off}-{off + n - 1}: "
-                           f"{_describe(e, part.path)}")
+        self._stop()
+        return error_for(e, f"{safe_url(part.path)} bytes {off}-{off + n - 1}", part.path)
+
+    def close(self) -> None:
+        self._stop()
+        super().close()
 
 
 def _if_match_capable(f: RemoteFile) -> bool:

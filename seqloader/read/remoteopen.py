@@ -24,16 +24,19 @@ every shard at once), whatever its number of shards up to ``_THREADS / 2``.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import FormatError, NotFoundError
+from ..errors import (FormatError, NotFoundError, RemoteAccessError, RemoteError,
+                      RemoteNotFoundError)
 from ..format.files import db_name
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
 from .remote import RemoteFile, RemoteOptions, RemoteSource, filesystem, safe_url, stat_remote
+from .remotefaults import call_with_timeout, retrying
 
-__all__ = ["locate_remote", "open_remote"]
+__all__ = ["locate_remote", "open_remote", "remote_splits"]
 
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.lmdb$")
 _HEAD = 8192  # the two meta pages at LMDB's usual 4 KiB page size
@@ -42,22 +45,34 @@ _THREADS = 64
 
 
 def _exists(url: str, options: RemoteOptions) -> bool:
-    fs, path = filesystem(url, options)
+    """Whether the file at ``url`` exists: only a 404 says no; any other failure (403,
+    timeout, refused) is raised as the :class:`RemoteError` naming it."""
     try:
-        return bool(fs.exists(path))
-    except Exception:  # noqa: BLE001 - treated as absent; the error comes later
+        stat_remote(url, options)
+        return True
+    except RemoteNotFoundError:
         return False
 
 
 def _listing(folder: str, options: RemoteOptions) -> dict[str, RemoteFile | None] | None:
     """The files directly in ``folder`` (a URL) by name, each a :class:`RemoteFile` when
-    the listing gave its size and ETag, else None; None when there is no listing."""
+    the listing gave its size and ETag, else None; None when there is no listing (403 or
+    404 on the listing itself: a key without ListBucket permission, an HTTP server that
+    does not list; the HEADs that follow name a real problem).  Timeouts and other
+    failures are raised (NOTE [ remote time budget ])."""
     fs, path = filesystem(folder, options)
-    try:
+
+    def ls(timeout: float) -> list:
         fs.invalidate_cache(path)  # (a listing cached by fsspec may predate a rewrite)
-        entries = fs.ls(path, detail=True)
-    except Exception:  # noqa: BLE001 - e.g. no ListBucket permission: HEADs instead
+        return call_with_timeout(fs, "ls", path, timeout, detail=True)
+    try:
+        entries = retrying(ls, f"listing {safe_url(folder)}", folder, options)
+    except (RemoteAccessError, RemoteNotFoundError):
         return None
+    except RemoteError as e:
+        if isinstance(e, (TimeoutError, ConnectionError)):
+            raise
+        return None  # (e.g. a listing this protocol does not implement)
     out: dict[str, RemoteFile | None] = {}
     for e in entries:
         if not isinstance(e, dict) or e.get("type") == "directory":
@@ -92,7 +107,9 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
         urls = [f"{base}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
         return _located(urls, _listing(base, options) if n > 1 else None)
     if split is None:
-        raise NotFoundError(f"{safe_url(url)} is a folder; name the split too (e.g. 'train'), "
+        found = remote_splits(url, options)
+        raise NotFoundError(f"{safe_url(url)} is a folder; name the split too "
+                            f"({', '.join(map(repr, found)) or 'e.g. train'}), "
                             "or pass the .lmdb file's URL")
     folder = url.rstrip("/")
     single = f"{db_name(split)}.lmdb"
@@ -102,7 +119,7 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     if single in names or (not shards and _exists(f"{folder}/{single}", options)):
         return _located([f"{folder}/{single}"], listed)
     if not shards:
-        raise NotFoundError(
+        raise RemoteNotFoundError(
             f"no database for split {split!r} at {safe_url(folder)}: looked for "
             f"{single} or a listing with {db_name(split)}-NNNNN-of-NNNNN.lmdb "
             "(an HTTP server may not list folders: pass the URL of the .lmdb file or of "
@@ -111,6 +128,21 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     n = int(m["n"])
     urls = [f"{folder}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
     return _located(urls, listed)
+
+
+def remote_splits(folder: str, options: RemoteOptions) -> list[str]:
+    """The splits whose databases the listing of ``folder`` (a URL) shows, in the order
+    :func:`~seqloader.format.files.database_splits` gives locally; [] when the store
+    gives no listing."""
+    prefix = db_name("")
+    found = set()
+    for name in _listing(folder.rstrip("/"), options) or {}:
+        m = _SHARD.match(name)
+        stem = m["stem"] if m else (name[:-len(".lmdb")] if name.endswith(".lmdb") else "")
+        if stem.startswith(prefix) and len(stem) > len(prefix):
+            found.add(stem[len(prefix):])
+    return ([s for s in ("train", "val") if s in found]
+            + sorted(s for s in found if s not in ("train", "val")))
 
 
 class _Ranges:
@@ -163,4 +195,8 @@ def open_remote(url: str, split: str | None, options: RemoteOptions, *,
             raise FormatError(f"{safe_url(f.url)} has no record extents (written by an older "
                               "seqloader); remote reading needs them: re-write it with this "
                               "version, or read a local copy")
+    # the database's own identity keys the block cache (NOTE [ block cache ]), so another
+    # database of the same size under the same URL never reuses its blocks
+    files = [dataclasses.replace(f, identity=f"{m.fingerprint}:{m.checksum}")
+             for f, m in zip(files, metas)]
     return urls, metas, RemoteSource(tuple(files), options)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 import sys
 import tempfile
@@ -36,7 +37,7 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import FormatError, NotFoundError, OutputExistsError
+from ..errors import FormatError, OutputExistsError, RemoteAccessError, RemoteNotFoundError
 from ..format.files import bad_files_path, db_name, shard_path
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -86,6 +87,25 @@ class Uploader:
         self.part_bytes = part_bytes or PART_BYTES
         self._upload_kw = ({"chunksize": self.part_bytes, "max_concurrency": 4}
                            if hasattr(self.fs, "_call_s3") else {})
+        self.check_writable()
+
+    def check_writable(self) -> None:
+        """Write and remove a small probe object under the destination, before any shard
+        is written: a bucket that does not exist, wrong credentials or no permission
+        raise the :class:`~seqloader.errors.RemoteError` naming it now, not after the
+        writing (NOTE [ remote time budget ] bounds the wait)."""
+        from ..read.remote import RemoteOptions
+        from ..read.remotefaults import call_with_timeout, retrying
+
+        probe = f"{self.path}/.seqloader-write-check-{os.getpid()}"
+
+        def attempt(timeout: float) -> None:
+            call_with_timeout(self.fs, "pipe_file", probe, timeout, b"seqloader")
+            try:
+                call_with_timeout(self.fs, "rm_file", probe, timeout)
+            except FileNotFoundError:
+                pass
+        retrying(attempt, f"cannot write to {safe_url(self.url)}", self.url, RemoteOptions())
 
     def where(self, name: str) -> str:
         """The URL of object ``name`` under the destination, for messages."""
@@ -135,6 +155,7 @@ class Uploader:
             except BaseException:
                 if pending is not None and not pending.done():
                     pending.cancel()
+                _cleanup(self.staging)  # (only when empty: a complete shard there is resumed)
                 raise
         for m in caught:
             warnings.warn_explicit(m.message, m.category, m.filename, m.lineno)
@@ -239,8 +260,11 @@ class Uploader:
                 self.fs.put_file(str(local), target + ".partial", **self._upload_kw)
                 self.fs.mv(target + ".partial", target)
         except FileNotFoundError as e:
-            raise NotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
-                                "(does the bucket exist? create it first)") from None
+            raise RemoteNotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
+                                      "(does the bucket exist? create it first)") from None
+        except PermissionError as e:
+            raise RemoteAccessError(f"cannot upload to {self.where(name)}: {type(e).__name__}; "
+                                    "check the credentials and permissions") from None
 
     def _upload(self, result: ShardResult, progress: bool) -> None:
         """Upload a complete local shard (its report first), check it reads back as

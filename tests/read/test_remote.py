@@ -197,8 +197,8 @@ def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
     db = open_database(s3_url, "train", remote=_opts(moto))
     calls = []
     real_get = remote.RemoteFile._get
-    monkeypatch.setattr(remote.RemoteFile, "_get", lambda self, a, b: calls.append(a) or
-                        real_get(self, a, b))
+    monkeypatch.setattr(remote.RemoteFile, "_get", lambda self, a, b, t: calls.append(a) or
+                        real_get(self, a, b, t))
     assert _all_records(db) == want and calls == []
     monkeypatch.setattr(httprange, "_SIGN_SECONDS", 0)  # (signed again on every GET)
     monkeypatch.setattr(remote, "_PLAIN", {})
@@ -482,9 +482,9 @@ def test_http_loader_same_batches(nginx, lmdb_dir):
 
 
 def test_urls_never_show_credentials():
-    from seqloader.read.remote import _describe, safe_url
+    from seqloader.read.remotefaults import describe, safe_url
 
     assert safe_url("https://user:pw@host/a/b.lmdb?X-Amz-Signature=abc") == "https://host/a/b.lmdb"
     e = OSError("GET https://user:pw@host/x?X-Amz-Signature=abc failed")
-    text = _describe(e, "https://user:pw@host/x?X-Amz-Signature=abc")
+    text = describe(e, "https://user:pw@host/x?X-Amz-Signature=abc")
     assert "pw" not in text and "abc" not in text

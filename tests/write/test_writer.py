@@ -557,9 +557,9 @@ def test_restart_markers_are_lossless_and_on_every_row(synth_tree, lmdb_dir, tmp
     assert all(jpeg_scan(r.image, jpeg_frame(r.image)).index != (0, 0) for _, r in marked)
     meta = open_database(out, "train").metas[0]
     assert meta.writer["restart_markers"] is True and meta.writer["restart_index"] is True
-    from seqloader.cli import _restart_markers
-    assert _restart_markers(open_database(out, "train")) == "index"
-    assert _restart_markers(open_database(lmdb_dir, "train")) is None
+    from seqloader.tools.dbtools.info import describe  # (what `seqloader info` says)
+    assert describe(out, "train")["restart_markers"] == "index"
+    assert describe(lmdb_dir, "train")["restart_markers"] is None
 
 
 def test_restart_markers_without_jpegtran_is_a_clear_error(monkeypatch, synth_tree, tmp_path,

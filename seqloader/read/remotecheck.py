@@ -1,0 +1,70 @@
+"""Check records read over the network as they arrive.
+
+NOTE [ records checked on arrival ]
+A remote database's bytes pass through servers, proxies and caches the reader does
+not control; a wrong byte there must not become a silently wrong sample.  With
+``RemoteOptions.verify`` (on by default) every record a remote reader yields is
+checked against what the format says of it before anything uses it:
+
+* it unpacks as a whole (``msgpack``: the map, the image's length, nothing after it);
+* its label equals the metadata's label for that record (``Meta.labels``; a database
+  replaced under the same URL by another of the same size fails here at its first
+  record whose label differs, as does a record read from the wrong offset);
+* a JPEG image starts with the SOI marker.
+
+A failure raises :class:`~seqloader.errors.RemoteDataError` naming the URL, the record
+and what differs.  What this cannot see: a flipped byte inside an image's
+entropy-coded data (the format has no per-record digest; the file's checksum is a
+chain over all of its records, so only ``seqloader verify URL``, which reads every
+record in order, checks it).  Cost: one ``msgpack`` unpack per record, measured in
+benchmarks/RESULTS.md ("Remote faults").
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import msgpack
+import numpy as np
+
+from ..errors import RemoteDataError
+from .remotefaults import safe_url
+
+__all__ = ["checked_records"]
+
+
+def checked_records(pairs: Iterator[tuple[int, memoryview]], urls: Sequence[str],
+                    offsets: Sequence[int], metas: Sequence) -> Iterator[tuple[int, memoryview]]:
+    """``pairs`` (global index, value) passed through NOTE [ records checked on arrival ];
+    ``urls``, ``offsets`` and ``metas`` describe the database's shards."""
+    labels = [np.frombuffer(m.labels, "<i4") if m.labels and m.target_kind == "class" else None
+              for m in metas]
+    jpeg = [m.image_format == "jpeg" for m in metas]
+    shard, lo, hi = 0, offsets[0], offsets[1]
+    for i, v in pairs:
+        if not lo <= i < hi:
+            shard = int(np.searchsorted(offsets, i, side="right")) - 1
+            lo, hi = offsets[shard], offsets[shard + 1]
+        local = i - lo
+        problem = _problem(v, None if labels[shard] is None else int(labels[shard][local]),
+                           jpeg[shard])
+        if problem:
+            raise RemoteDataError(
+                f"{safe_url(urls[shard])} record {local} (global {i}): {problem}; the bytes "
+                "read over the network are not the record the metadata describes (damaged "
+                "in transit or by a proxy, or the file was replaced): read it again, or run "
+                "`seqloader verify` on the URL")
+        yield i, v
+
+
+def _problem(value: memoryview, label: int | None, jpeg: bool) -> str | None:
+    try:
+        d = msgpack.unpackb(value, raw=False)
+    except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types
+        return f"does not unpack ({type(e).__name__}: {str(e)[:80]})"
+    if not isinstance(d, dict) or not isinstance(d.get("image"), bytes):
+        return "is not a record (no image)"
+    if label is not None and d.get("label") != label:
+        return f"has label {d.get('label')!r}, the metadata says {label}"
+    if jpeg and "shape" not in d and not d["image"].startswith(b"\xff\xd8"):
+        return "its image does not start as a JPEG"
+    return None
