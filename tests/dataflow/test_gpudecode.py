@@ -18,7 +18,7 @@ from seqloader.dataflow.gpugather import C, ON_GPU, REASONS, classify, params_vi
 from seqloader.dataflow.mapbatch import MultiProcessMapAndBatchData
 from seqloader.dataflow.reading import LMDBData, LocallyShuffleData
 from seqloader.dataflow.stages import BatchData
-from seqloader.format.pixels import fused_prepare, image_source
+from seqloader.format.pixels import image_source
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToTensor, compile_fused)
 
@@ -46,7 +46,7 @@ def _cpu_draws(eng, transform, epoch):
     out = []
     for j, recs in eng.df.batches(plan):
         rng = batch_rng(eng.spec.seed, epoch, eng.spec.rank, j)
-        plans = [fused_prepare(fused, image_source(msgpack.unpackb(v, raw=False)), rng).plan
+        plans = [fused.prepare(image_source(msgpack.unpackb(v, raw=False)), rng).plan
                  for _, v in recs]
         out.append([(p.window, p.flip) for p in plans])
     return out
