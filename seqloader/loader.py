@@ -82,7 +82,7 @@ class Loader(TrainerFacing):
     plus a ``prefetch_bytes`` read-ahead ring.
 
     ``imagenet_dir`` may be a URL (``s3://bucket/imagenet``, ``https://host/imagenet``,
-    any fsspec protocol; ``pip install seqloader[remote]``): each rank then reads its
+    any fsspec protocol; the ``remote`` extra, docs/remote.md): each rank then reads its
     chunks with large ranged GETs, in the same order as from a local copy; ``remote``
     (:class:`~seqloader.read.remote.RemoteOptions`) sets ``storage_options``, a local block
     cache (``cache_dir``, ``cache_bytes``), retries and GET size; ``timeout`` (when
