@@ -102,7 +102,7 @@ def main() -> int:
              "at once), then the warm 2-worker full pipeline (`seqloader bench --mode full`, "
              "batch 256).  The limits run over records held in memory; the sample's mean size "
              "should match the data's (NOTE [ a representative sample ] in "
-             "`seqloader/tools/bench/cpulimit.py`).")
+             "`seqloader/tools/bench/runs.py`).")
     lines = ["| round | database | time | limit: 1 process x 2 | limit: 2 processes at once "
              "| pipeline images/s | % of 1 x 2 | % of 2 at once | pipeline CPU % | peak PSS MB "
              "| limit sample: records, mean KB (data's mean KB) |",

@@ -189,7 +189,7 @@ def main() -> int:
     t_construct = time.perf_counter()
     loader = Loader(db_dir, "train", imagenet_train_transform(), batch_size=args.batch_size,
                     shuffle=True, num_workers=args.workers, cache=args.cache, io=args.io)
-    spec = loader._producer_spec()
+    spec = loader.batch_spec
     db = loader.db
     mean_record = db.file_bytes / db.num_records
     mean_image = db.image_bytes / db.num_records

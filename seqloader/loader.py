@@ -5,38 +5,36 @@ A facade over a pipeline of the public stages (NOTE [ planned stages ] in
 
     MultiProcessMapAndBatchData(BatchData(LocallyShuffleData(LMDBData(...))))
 
-(no ``LocallyShuffleData`` without ``shuffle``).  The Loader adds what DataLoader users
-expect: ``len``, epochs and ``set_epoch``, ``state_dict`` resume, DDP ranks, pinning,
-tensors and device normalisation.
+(no ``LocallyShuffleData`` without ``shuffle``), built from its
+:class:`~seqloader.settings.LoaderSettings`.  The Loader adds what DataLoader users
+expect: ``len``, epochs and ``set_epoch`` (its :class:`~seqloader.resume.EpochState`),
+``state_dict`` resume, DDP ranks; :class:`~seqloader.dataflow.delivery.Delivery` makes the
+tensors (zero-copy, pinned, on a device, normalised there).
 """
 from __future__ import annotations
 
-import multiprocessing as mp
-import numbers
-import os
 import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
 from .read.database import Database, open_database
-from .read.direct import choose as choose_io
-from .read.plan import (DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, num_batches,
-                        plan_epoch)
+from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_plan, plan_epoch
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
+from .dataflow.delivery import Delivery
 from .dataflow.gpudecode import DecodeStats, GPUDecoder
 from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
-from .dataflow import targetregion as _targets  # HOOK [ any targets ]
+from .dataflow.pool import WorkerPool
 from .dataflow.reading import LMDBData, LocallyShuffleData
 from .dataflow.stages import BatchData
 from .dataflow.shuffle import default_warmup
-from .resume import Resumable, is_int as _is_int
+from .resume import EpochState, check_checkpoint, checkpoint
+from .settings import LoaderSettings, dist_rank_world
 from .trainers import TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
@@ -46,23 +44,7 @@ _SUPERSEDED = ("this iteration over the Loader was ended by a newer iter(loader)
                "(the workers serve one epoch); keep a single iterator")
 
 
-def _dist_rank_world() -> tuple[int, int]:
-    """``torch.distributed``'s rank and world size; (0, 1) when it is not initialised.
-    A launcher's ``WORLD_SIZE`` > 1 without an initialised process group is an error:
-    every rank would read the whole split (each record trained on world-size times)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    env = os.environ.get("WORLD_SIZE", "")
-    if env.strip().isdigit() and int(env) > 1:
-        raise ValueError(f"WORLD_SIZE={env} is set (torchrun or another launcher) but "
-                         "torch.distributed is not initialised, so this Loader would read the "
-                         "whole split on every rank: call torch.distributed.init_process_group() "
-                         "before creating the Loader, or pass rank= and world_size= explicitly "
-                         "(world_size=1 to read everything in each process on purpose)")
-    return 0, 1
-
-
-class Loader(TrainerFacing, Resumable):
+class Loader(TrainerFacing):
     """Iterate ``(images, labels)`` batches of a seqloader database, DataLoader-style.
 
     ``Loader(imagenet_dir, 'train', transform, batch_size=256, shuffle=True, num_workers=4)``
@@ -100,7 +82,7 @@ class Loader(TrainerFacing, Resumable):
     plus a ``prefetch_bytes`` read-ahead ring.
 
     ``imagenet_dir`` may be a URL (``s3://bucket/imagenet``, ``https://host/imagenet``,
-    any fsspec protocol; ``pip install seqloader[remote]``): each rank then reads its
+    any fsspec protocol; the ``remote`` extra, docs/remote.md): each rank then reads its
     chunks with large ranged GETs, in the same order as from a local copy; ``remote``
     (:class:`~seqloader.read.remote.RemoteOptions`) sets ``storage_options``, a local block
     cache (``cache_dir``, ``cache_bytes``), retries and GET size; ``timeout`` (when
@@ -119,149 +101,136 @@ class Loader(TrainerFacing, Resumable):
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
                  remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
                  decode: "str | GPUOptions" = "cpu"):
-        for name, value, least in (("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
-                                   ("cache", cache, 1), ("seed", seed, 0), ("prefetch", prefetch, 1),
-                                   ("prefetch_bytes", prefetch_bytes, 1)):
-            check_count(name, value, least)
-        if warmup is not None:
-            check_count("warmup", warmup, 0)
-        if not isinstance(timeout, numbers.Real) or not timeout >= 0:  # (NaN fails too)
-            raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
-        if start_method is not None and start_method not in mp.get_all_start_methods():
-            raise ValueError(f"start_method={start_method!r}: use one of "
-                             f"{mp.get_all_start_methods()} (or None for the default)")
-        choose_io(io, 0)  # (validates io now, not in the first iteration)
-        if output not in ("float", "uint8"):
-            raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
-        self.gpu = gpu_options(decode, transform, output, device)
+        LoaderSettings.check(num_workers=num_workers, batch_size=batch_size, cache=cache,
+                             seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
+                             warmup=warmup, timeout=timeout, start_method=start_method, io=io,
+                             output=output)
+        gpu = gpu_options(decode, transform, output, device)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
         if world_size == 1 and rank is None:
             rank = 0  # (one process reads everything: nothing to ask torch.distributed)
         if rank is None or world_size is None:
-            drank, dworld = _dist_rank_world()
-        self.rank = drank if rank is None else rank
-        self.world_size = dworld if world_size is None else world_size
-        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.num_workers, self.cache, self.seed = num_workers, cache, seed
-        self.plan_spec = PlanSpec(self.db.shard_sizes, batch_size, chunk_size, shuffle, drop_last,
-                                  seed, self.rank, self.world_size, max(1, num_workers),
-                                  shuffle if even is None else even)
-        self.transform, self.target_transform = transform, target_transform
-        self.collate_fn = collate_fn  # HOOK [ any targets ] (NOTE [ target region ])
-        self.output, self.device = output, (torch.device(device) if device is not None else None)
-        self.pin_memory = pin_memory and torch.cuda.is_available()
-        if pin_memory and not self.pin_memory:
+            drank, dworld = dist_rank_world()
+        pin = pin_memory and torch.cuda.is_available()
+        if pin_memory and not pin:
             warnings.warn("pin_memory=True but no CUDA device is available; not pinning",
                           stacklevel=2)
-        self.prefetch, self.timeout = prefetch, timeout
-        self.persistent_workers, self.start_method = persistent_workers, start_method
-        self.warmup, self.prefetch_bytes = warmup, prefetch_bytes
-        self.io, self.chunk_size, self.even = io, chunk_size, self.plan_spec.even
+        #: the settings, checked (one object: what the pipeline is built from)
+        self.settings = LoaderSettings(
+            transform=transform, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
+            cache=cache, drop_last=drop_last, seed=seed, chunk_size=chunk_size, pin_memory=pin,
+            prefetch=prefetch, timeout=timeout, persistent_workers=persistent_workers,
+            start_method=start_method, rank=drank if rank is None else rank,
+            world_size=dworld if world_size is None else world_size,
+            target_transform=target_transform, output=output,
+            device=torch.device(device) if device is not None else None,
+            even=shuffle if even is None else even, warmup=warmup,
+            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, gpu=gpu)
+        s = self.settings
+        check_plan(batch_size=s.batch_size, chunk_size=s.chunk_size, world_size=s.world_size,
+                   num_workers=max(1, s.num_workers), rank=s.rank)  # (before the stages do)
+        #: the epoch bookkeeping: the next epoch, a loaded position, the one in progress
+        self.epochs = EpochState()
         self._adopted_warmup: int | None = None  # a checkpoint's default warm-up
-        self._engine: MultiProcessMapAndBatchData | None = None
-        self._next_epoch = 0     # epoch of the next iteration to yield a batch
-        self._resume = 0         # its first batch (> 0 after load_state_dict)
-        self._cur_epoch: int | None = None  # epoch of the iteration in progress (None: between)
-        self._position = 0       # batches of it already yielded
-        self._cur_done = False
+        self._stages = self._build()
+        self._delivery: Delivery | None = None  # (while the stages are reset for iterating)
+        self._gpu_decoder: GPUDecoder | None = None  # (decode="gpu": one per reset pipeline)
         # the iteration in progress, weakly: the generator's frame refers to the loader,
         # and a strong reference back would keep a dropped loader (and its workers)
         # alive until the cyclic GC runs
         self._active: weakref.ref | None = None
-        self._gpu_decoder: GPUDecoder | None = None
 
     # -------------------------------------------------------------- set-up
     @property
-    def _warmup(self) -> int:
+    def warmup(self) -> int:
         """Records the shuffle buffer holds before it yields (default: one batch, or the
         whole split when it fits in the buffer: :func:`~seqloader.dataflow.shuffle.default_warmup`)."""
-        if self.warmup is not None:
-            return self.warmup
+        s = self.settings
+        if s.warmup is not None:
+            return s.warmup
         if self._adopted_warmup is not None:  # a checkpoint's (see load_state_dict)
             return self._adopted_warmup
-        return default_warmup(self.cache, self.batch_size, self.db.num_records, self.world_size)
+        return default_warmup(s.cache, s.batch_size, self.db.num_records, s.world_size)
 
-    def _pipeline(self) -> MultiProcessMapAndBatchData:
-        """The stages (built at the first iteration, and again after :meth:`close`)."""
-        if self._engine is None:
-            df: Any = LMDBData(self.db, shuffle=self.shuffle, chunk_size=self.chunk_size,
-                               seed=self.seed, rank=self.rank, world_size=self.world_size,
-                               even=self.even, prefetch_bytes=self.prefetch_bytes, io=self.io)
-            if self.shuffle:
-                df = LocallyShuffleData(df, self.cache, warmup=self._warmup)
-            df = BatchData(df, self.batch_size, remainder=not self.drop_last)
-            df = MultiProcessMapAndBatchData(
-                df, self.num_workers, self.transform, target_transform=self.target_transform,
-                output=self.output, prefetch=self.prefetch, timeout=self.timeout,
-                start_method=self.start_method, read_ahead=self.persistent_workers,
-                gpu=self.gpu)
-            assert df.source.plan_spec == self.plan_spec, (df.source.plan_spec, self.plan_spec)
-            df.spec  # (a failing transform or output setting raises here, before any I/O)
-            df.reset_state()
-            self._engine = df
-            if self.gpu is not None:  # (one per pipeline: its recipe and stream)
+    def _build(self) -> MultiProcessMapAndBatchData:
+        """The stages, with the plan given where they are built (NOTE [ planned stages ]);
+        nothing is opened until :meth:`_ready`."""
+        s = self.settings
+        # records the workers only copy into buffers need no mapped pages (NOTE [ fault or pread ])
+        df: Any = LMDBData(self.db, shuffle=s.shuffle, chunk_size=s.chunk_size, seed=s.seed,
+                           rank=s.rank, world_size=s.world_size, even=s.even,
+                           prefetch_bytes=s.prefetch_bytes, io=s.io,
+                           fault_in=s.in_process and s.gpu is None)
+        if s.shuffle:
+            df = LocallyShuffleData(df, s.cache, warmup=self.warmup)
+        df = BatchData(df, s.batch_size, remainder=not s.drop_last)
+        return MultiProcessMapAndBatchData(
+            df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
+            prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
+            read_ahead=s.persistent_workers, gpu=s.gpu)
+
+    def _ready(self) -> MultiProcessMapAndBatchData:
+        """The stages, reset for iterating in this process (at the first iteration, and
+        again after :meth:`close`)."""
+        if self._delivery is None:
+            self._stages.spec  # (a failing transform or output setting raises here, before any I/O)
+            self._stages.reset_state()
+            s = self.settings
+            self._delivery = Delivery(self._stages, pin_memory=s.pin_memory, device=s.device,
+                                      collate_fn=s.collate_fn)
+            if s.gpu is not None:  # (its recipe and stream; the counts go on)
                 stats = self._gpu_decoder.stats if self._gpu_decoder is not None else None
-                self._gpu_decoder = GPUDecoder(df.spec, self.device, db=self.db)
+                self._gpu_decoder = GPUDecoder(self._stages.spec, s.device, db=self.db)
                 self._gpu_decoder.stats = stats or self._gpu_decoder.stats
-        return self._engine
+        return self._stages
 
     @property
-    def _spec(self) -> BatchSpec:
-        return self._pipeline().spec
+    def plan_spec(self) -> PlanSpec:
+        """The plan of this Loader's batches (the pipeline's; NOTE [ the epoch plan ])."""
+        return self._stages.plan_spec
 
     @property
-    def _pool(self) -> Any:
-        """The worker pool of the running pipeline, or None."""
-        return None if self._engine is None else self._engine.pool
-
-    def _producer_spec(self) -> BatchSpec:
-        """The workers' spec (for the bench tools; builds the pipeline)."""
-        return self._spec
+    def pipeline(self) -> MultiProcessMapAndBatchData:
+        """The stages this Loader iterates (``.source``: the reader stage), for inspection."""
+        return self._stages
 
     @property
-    def _feeder(self) -> LMDBData | None:
-        """The pipeline's reader stage (``.reader``: its RangeReader), or None."""
-        return None if self._engine is None else self._engine.source
+    def batch_spec(self) -> BatchSpec:
+        """The workers' batch layout (runs a plain transform on record 0 the first time)."""
+        return self._stages.spec
 
     @property
     def decode_stats(self) -> DecodeStats | None:
         """With ``decode="gpu"``: images decoded on the device and those the workers
         rendered instead, by reason (:class:`~seqloader.dataflow.gpudecode.DecodeStats`);
         None otherwise."""
-        if self.gpu is None:
+        if self.settings.gpu is None:
             return None
         return self._gpu_decoder.stats if self._gpu_decoder is not None else DecodeStats()
 
     @property
-    def _device_normalize(self) -> Any:
-        return None if self._engine is None else self._engine.device_normalize
+    def workers(self) -> WorkerPool | None:
+        """The worker pool while it exists (``pids``, ``shared_memory_names``, ...), or None."""
+        return self._stages.pool
+
+    # DataLoader's and DistributedSampler's names, read-only
+    batch_size = property(lambda self: self.settings.batch_size)
+    drop_last = property(lambda self: self.settings.drop_last)
+    num_workers = property(lambda self: self.settings.num_workers)
+    rank = property(lambda self: self.settings.rank)
+    world_size = property(lambda self: self.settings.world_size)
 
     # -------------------------------------------------------------- iteration
     def __len__(self) -> int:
-        return num_batches(self.plan_spec)
+        return len(self._stages)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (DistributedSampler's habit).  A resume
         position loaded for that same epoch is kept; one for another epoch is dropped,
         with a warning."""
-        self._set_epoch(epoch, trainer=False)
-
-    def _set_epoch(self, epoch: int, trainer: bool) -> None:
-        if not _is_int(epoch) or epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
-        # a trainer starting the epoch after a loaded one ends that epoch, cut short by
-        # it (NOTE [ epochs and iterators ]): no warning
-        cut_short = trainer and epoch == self._next_epoch + 1
-        if epoch != self._next_epoch and self._resume:
-            if not cut_short:
-                warnings.warn(f"set_epoch({epoch}) discards the position loaded for epoch "
-                              f"{self._next_epoch} (batch {self._resume}): epoch {epoch} "
-                              "starts from its first batch; call set_epoch with the "
-                              "checkpoint's epoch to resume it", stacklevel=3)
-            self._resume = 0
-        self._next_epoch, self._cur_epoch = int(epoch), None
+        self.epochs.set_epoch(epoch)
 
     @property
     def classes(self) -> list[str]:
@@ -271,11 +240,11 @@ class Loader(TrainerFacing, Resumable):
     @property
     def epoch(self) -> int:
         """The epoch being iterated, or the next one between iterations."""
-        return self._next_epoch if self._cur_epoch is None else self._cur_epoch
+        return self.epochs.epoch
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the next) -- pure, no I/O."""
-        return plan_epoch(self.plan_spec, self._next_epoch if epoch is None else epoch)
+        return plan_epoch(self.plan_spec, self.epochs.next_epoch if epoch is None else epoch)
 
     def _end_active(self, superseded: bool = False) -> None:
         it = self._active() if self._active is not None else None
@@ -287,97 +256,72 @@ class Loader(TrainerFacing, Resumable):
         # not; the new one takes its epoch (the next, or what set_epoch/load_state_dict
         # say) at its first batch, so an iterator that yields nothing uses none
         self._end_active(superseded=True)
-        self._cur_epoch = None
+        self.epochs.between()
         started: list[int] = []  # the first batch, once the iteration has taken its epoch
         it = Pass(self._iterate(started), _SUPERSEDED,  # (resumed: len() is the rest)
-                  lambda: len(self) - (started[0] if started else self._resume))
+                  lambda: len(self) - (started[0] if started else self.epochs.resume))
         self._active = weakref.ref(it)
         return it
 
-    def _start(self, epoch: int, first: int, started: list[int]) -> None:
-        """The iteration takes epoch ``epoch`` from batch ``first``: the next one is ``epoch + 1``."""
-        started.append(first)
-        self._cur_epoch, self._position, self._cur_done = epoch, first, False
-        self._next_epoch, self._resume = epoch + 1, 0
-
     def _iterate(self, started: list[int]) -> Iterator[tuple[Any, torch.Tensor]]:
-        epoch, first = self._next_epoch, self._resume
-        engine = self._pipeline()
-        spec = engine.spec
+        epoch, first = self.epochs.next_epoch, self.epochs.resume
+        engine = self._ready()
         try:
-            for j, batch in self._batches(engine, spec, epoch, first):
+            for j, out in self._delivered(engine, epoch, first):
                 if not started:
-                    self._start(epoch, first, started)
-                self._position = j + 1
-                yield batch
+                    started.append(first)
+                    self.epochs.start(epoch, first)
+                self.epochs.position = j + 1
+                yield out
             if not started:  # (an epoch with no batches left is used by running to its end)
-                self._start(epoch, first, started)
-            self._cur_done = True
+                started.append(first)
+                self.epochs.start(epoch, first)
+            self.epochs.done = True
         finally:
             self._active = None
-            if not self.persistent_workers:
+            if not self.settings.persistent_workers:
                 self._stop_workers()
 
-    def _batches(self, engine: MultiProcessMapAndBatchData, spec: BatchSpec, epoch: int,
-                 first: int) -> Iterator[tuple[int, Any]]:
+    def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int,
+                   first: int) -> Iterator[tuple[int, Any]]:
         """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
         if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
             engine.start()  # (in this thread, which outlives the decode thread)
             for j, batch in self._gpu_decoder.batches(engine.run(epoch, first)):
-                yield j, _targets.collate_batch(batch, None, self.collate_fn, self.device,
-                                                self.pin_memory)
+                yield j, self._delivery.collated(batch)
             return
-        for j, n, (labels, samples), raw, slot in engine.run(epoch, first):
-            # HOOK [ any targets ]: unpacked from the buffer, collated after the images
-            targets = _targets.load_targets(labels) if spec.target_kind == "any" else None
-            batch = self._materialize(spec, labels if targets is None else labels[:0].view(
-                np.int64), samples, raw, slot)
-            batch = _targets.collate_batch(batch, targets, self.collate_fn, self.device,
-                                           self.pin_memory)
-            del labels, samples
-            yield j, batch
+        deliver = self._delivery
+        for batch in engine.run(epoch, first):
+            out = deliver(batch)
+            j = batch.index
+            del batch  # (its views of the buffer)
+            yield j, out
 
-    def _materialize(self, spec: BatchSpec, labels_v: np.ndarray, images_v: np.ndarray,
-                     raw: list[bytes] | None, slot: int | None):
-        """Batch tensors from a buffer.  NOTE [ zero-copy batches ]: on the CPU the images
-        tensor is a view of the shared-memory buffer, leased until the tensor (and every
-        view of it) is garbage-collected -- no copy, no extra memory.  When the caller
-        holds too many batches, or pins / moves them, the batch is copied instead.  A
-        held batch stays readable after the pool stops (end of a non-persistent epoch,
-        close(), the loader collected, a worker's death): its views hold an export of the
-        buffer (``slot_views``), so closing the pool leaves that mapping to them
-        (``parallel._unmap_later``) and it is unmapped when the batch goes."""
-        labels = torch.from_numpy(labels_v.copy())
-        if raw is not None:
-            return raw, labels
-        pool = self._pool
-        on_cpu = self.device is None or self.device.type == "cpu"
-        token = None
-        if slot is not None and not self.pin_memory and on_cpu:
-            token = pool.lease(slot)
-        if token is not None:
-            images = torch.from_numpy(images_v)
-            weakref.finalize(images_v, pool.release, slot, token)
-            if self.device is not None and self._device_normalize is not None:
-                images = self._device_normalize(images)
-            return images, labels
-        images = torch.empty(images_v.shape, dtype=getattr(torch, spec.sample_dtype),
-                             pin_memory=self.pin_memory)
-        np.copyto(images.numpy(), images_v)
-        if self.pin_memory:
-            labels = labels.pin_memory()
-        if self.device is not None:
-            images = images.to(self.device, non_blocking=self.pin_memory)
-            labels = labels.to(self.device, non_blocking=self.pin_memory)
-            if self._device_normalize is not None:
-                images = self._device_normalize(images)
-        return images, labels
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the epoch in progress and the batches of it already
+        yielded (or the next epoch, position 0, between epochs)."""
+        return checkpoint(self.epochs.where(len(self)), self.plan_spec, cache=self.settings.cache,
+                          warmup=self.warmup, fingerprint=self.db.metas[0].fingerprint)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the batches of that
+        epoch that had not been yielded.  The settings that shape the order must match."""
+        adopt = check_checkpoint(state, self.state_dict(),
+                                 default_warmup=self.settings.warmup is None)
+        EpochState().load(state["epoch"], state["position"], len(self))  # (checks both)
+        if adopt is not None:
+            self._end_active(superseded=True)  # (its next() raises: not a short epoch)
+            self._stop_workers()  # (they and the reader were made with the other warm-up)
+            self._adopted_warmup = adopt
+            self._stages = self._build()
+        self.epochs.load(state["epoch"], state["position"], len(self))
 
     # -------------------------------------------------------------- shutdown
     def _stop_workers(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            self._stages.close()
 
     def close(self) -> None:
         """End any iteration and stop the workers.  Idempotent; iterating again restarts them."""

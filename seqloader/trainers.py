@@ -19,10 +19,9 @@ there it is more likely a mistaken epoch counter).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .loader import Loader
+from .resume import EpochState
 
 __all__ = ["TrainerEpochs", "TrainerFacing", "NO_DATASET"]
 
@@ -41,18 +40,20 @@ class TrainerEpochs:
     epoch, as :meth:`Loader.set_epoch`, except that ``e`` = a loaded position's epoch + 1
     drops that position silently (the trainer cut that epoch short and moved on)."""
 
-    __slots__ = ("_loader",)
+    __slots__ = ("_epochs",)
 
-    def __init__(self, loader: "Loader") -> None:
-        self._loader = loader
+    def __init__(self, epochs: EpochState) -> None:
+        self._epochs = epochs
 
     def set_epoch(self, epoch: int) -> None:
-        self._loader._set_epoch(epoch, trainer=True)
+        self._epochs.set_epoch(epoch, trainer=True)
 
 
 class TrainerFacing:
     """The DataLoader attributes trainers look for, on the :class:`~seqloader.Loader`
-    (which defines ``_set_epoch(epoch, trainer)``)."""
+    (whose ``epochs`` is its :class:`~seqloader.resume.EpochState`)."""
+
+    epochs: EpochState
 
     @property
     def sampler(self) -> TrainerEpochs:
@@ -60,7 +61,7 @@ class TrainerFacing:
         (what Lightning and DDP scripts call each epoch) is :meth:`set_epoch`, except that
         the epoch after a loaded position's ends that epoch without a warning (a trainer
         that cut it short has moved on)."""
-        return TrainerEpochs(self)
+        return TrainerEpochs(self.epochs)
 
     #: DataLoader's, for trainers that look for it: ``None`` (the Loader batches itself).
     batch_sampler = None

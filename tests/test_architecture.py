@@ -82,7 +82,25 @@ def _graph():
                     edges[module].add(target)
                 if name and name.startswith("_") and not name.startswith("__") and target != module:
                     private.append((module, target, name))
+        private += _private_attributes(module, path, tree, modules)
     return edges, private
+
+
+def _private_attributes(module: str, path: Path, tree: ast.AST, modules) -> list:
+    """``mod._name`` where ``mod`` names another module of the package."""
+    aliases: dict[str, str] = {}
+    for node in _imports(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve(module, path, node)
+            aliases.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names
+                            if f"{base}.{a.name}" in modules})
+        else:
+            aliases.update({a.asname: a.name for a in node.names
+                            if a.asname and a.name in modules})
+    return [(module, aliases[n.value.id], n.attr) for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id in aliases and aliases[n.value.id] != module
+            and n.attr.startswith("_") and not n.attr.startswith("__")]
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

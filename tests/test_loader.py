@@ -463,11 +463,11 @@ def test_workers_read_into_the_next_epoch_without_changing_it(lmdb_dir):
         ref.close()
     a = Loader(lmdb_dir, "train", _tiny_fused(), **kw)
     assert _same(_epoch_batches(a), fresh[0])
-    pool = a._pool
+    pool = a.workers
     deadline = time.monotonic() + 10
-    while pool._free.qsize() == pool.num_slots and time.monotonic() < deadline:
+    while pool.free_slots == pool.num_slots and time.monotonic() < deadline:
         time.sleep(0.05)  # the reader hands epoch 1's first batches to the workers
-    assert pool._ahead is not None and pool._free.qsize() < pool.num_slots
+    assert pool.ahead is not None and pool.free_slots < pool.num_slots
     assert _same(_epoch_batches(a), fresh[1])  # continued
     a.set_epoch(3)  # not the one read ahead (2): cancelled, then epoch 3 from the start
     assert _same(_epoch_batches(a), fresh[3])
@@ -479,7 +479,7 @@ def test_workers_read_into_the_next_epoch_without_changing_it(lmdb_dir):
     a.close()
     b = Loader(lmdb_dir, "train", _tiny_fused(), persistent_workers=False, **kw)
     assert _same(_epoch_batches(b), fresh[0])
-    assert b._pool is None or not b._pool.started  # stopped after the epoch: nothing ahead
+    assert b.workers is None or not b.workers.started  # stopped after the epoch: nothing ahead
     b.close()
 
 

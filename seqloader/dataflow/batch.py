@@ -17,7 +17,7 @@ import msgpack
 import numpy as np
 
 from ..errors import RecordError
-from ..format.pixels import fused_prepare, image_source
+from ..format.pixels import image_source
 from . import targetregion as _targets
 
 __all__ = ["BatchSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
@@ -229,7 +229,7 @@ def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
             if spec.mode == "raw":
                 raw.append(data)
             elif fused is not None:
-                run.append((i, (idx, rec.get("path")), fused_prepare(fused, data, rng)))
+                run.append((i, (idx, rec.get("path")), fused.prepare(data, rng)))
             else:
                 _generic(spec, data, samples[i], rng)
         except Exception as e:

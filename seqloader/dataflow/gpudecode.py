@@ -46,6 +46,7 @@ from ..errors import RecordError
 from ..transforms.gpu import TensorRecipe, decode_jpegs
 from .batch import BatchSpec
 from .gpugather import C, ON_GPU, REASONS, params_view, pixels_view
+from .mapbatch import Batch
 
 __all__ = ["GPUDecoder", "DecodeStats"]
 
@@ -78,10 +79,10 @@ class GPUDecoder:
         self.stream = torch.cuda.Stream(device) if cuda else None  # rendering
         self.decode_stream = torch.cuda.Stream(device) if cuda else None  # decoded images
 
-    def batches(self, items: Iterator[tuple]
+    def batches(self, items: Iterator[Batch]
                 ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
-        """``(j, (images, labels))`` for each ``(j, n, (labels, samples), whole, slot)`` of
-        ``items`` (NOTE [ GPU stream ])."""
+        """``(j, (images, labels))`` for each gathered :class:`~seqloader.dataflow.mapbatch.Batch`
+        of ``items`` (NOTE [ GPU stream ])."""
         thread = _DecodeThread(items, self._decoded, self.decode_stream)
         thread.start()
         try:
@@ -105,10 +106,11 @@ class GPUDecoder:
             labels.record_stream(current)
         return j, (images, labels)
 
-    def _decoded(self, item: tuple) -> tuple:
+    def _decoded(self, item: Batch) -> tuple:
         """In the decode thread: a gathered batch decoded, and everything the rendering
         needs copied out of its buffer (which is released after this)."""
-        j, n, (labels_v, samples), whole, _ = item
+        j, labels_v, samples, whole = item.index, item.labels, item.samples, item.whole
+        n = len(samples)
         rows = params_view(samples[:n]).copy()
         kinds = rows[:, C["kind"]].astype(np.int64)
         gpu = np.flatnonzero(kinds == ON_GPU)
@@ -221,7 +223,7 @@ class _DecodeThread(threading.Thread):
 
     POLL = 0.1
 
-    def __init__(self, items: Iterator[tuple], work: Any, stream: Any):
+    def __init__(self, items: Iterator[Batch], work: Any, stream: Any):
         super().__init__(name="seqloader-gpu-decode", daemon=True)
         self.items, self.work, self.stream = items, work, stream
         self.queue: queue.Queue = queue.Queue(maxsize=1)

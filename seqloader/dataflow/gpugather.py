@@ -37,7 +37,7 @@ import msgpack
 import numpy as np
 
 from ..format.jpeg import jpeg_frame
-from ..format.pixels import fused_prepare, image_source
+from ..format.pixels import image_source
 from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
 from .batch import BatchSpec, record_error
@@ -198,7 +198,7 @@ def gather_batch(spec: BatchSpec, whole: np.ndarray, values: Sequence[Any],
                 plan = fused.plan(frame.height, frame.width, rng, jpeg=False)
                 row[C["offset"]], row[C["length"]] = offset, len(image)
             else:
-                prep = fused_prepare(fused, image, rng)
+                prep = fused.prepare(image, rng)
                 fused.finish(prep, pixels[i])
                 plan = prep.plan
             w = plan.window

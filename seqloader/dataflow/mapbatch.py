@@ -4,18 +4,41 @@ engine (NOTE [ planned stages ], NOTE [ worker lifecycle ])."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..read.plan import EpochPlan
+from ..read.plan import EpochPlan, plan_epoch
 from .base import DataFlow, ProxyDataFlow
 from ..errors import FormatError
 from . import targetregion as _targets
 from .batch import (BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error,
                     slot_views)
 
-__all__ = ["MultiProcessMapAndBatchData", "batch_spec"]
+__all__ = ["MultiProcessMapAndBatchData", "Batch", "batch_spec"]
+
+
+@dataclass
+class Batch:
+    """One batch of :meth:`MultiProcessMapAndBatchData.run`: batch ``index`` of its epoch
+    as views of the buffer it was decoded into, valid until the next batch is asked for
+    (unless the caller leases ``slot`` from the stage's ``pool``)."""
+
+    #: its number in the epoch
+    index: int
+    #: the labels (int64), or for any targets the target region (NOTE [ target region ])
+    labels: np.ndarray
+    #: the decoded samples, ``[n, *sample_shape]``
+    samples: np.ndarray
+    #: raw mode: the encoded images (``samples`` is then unused); else None
+    raw: list[bytes] | None = None
+    #: the worker pool's buffer holding it, or None (made in this process)
+    slot: int | None = None
+    #: mode "gpu": the whole batch buffer (uint8) the samples' records lie in (NOTE [ GPU
+    #: batches ]); else None
+    whole: np.ndarray | None = None
 
 
 def batch_spec(df: Any, transform: Callable | None, target_transform: Callable | None = None,
@@ -28,8 +51,7 @@ def batch_spec(df: Any, transform: Callable | None, target_transform: Callable |
     there raises :class:`~seqloader.errors.RecordError` naming record 0)."""
     if output not in ("float", "uint8"):
         raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
-    src = df.source
-    db, s = src.db, src.plan_spec
+    db, s = df.source.db, df.plan_spec
     common = dict(batch_size=s.batch_size, seed=s.seed, rank=s.rank,
                   target_transform=target_transform,
                   mean_record=db.image_bytes / max(1, db.num_records),
@@ -102,7 +124,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                  target_transform: Callable | None = None, output: str = "float",
                  prefetch: int = 2, timeout: float = 0, start_method: str | None = None,
                  read_ahead: bool = True, gpu: Any = None):
-        if df.source is None or not hasattr(df, "batches"):
+        if df.planned != "batches":
             raise TypeError("MultiProcessMapAndBatchData reads a BatchData over LMDBData (and "
                             "optionally LocallyShuffleData); for other stages use "
                             "MultiProcessMapData and BatchData")
@@ -112,7 +134,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         self.target_transform, self.output = target_transform, output
         self.prefetch, self.timeout, self.start_method = prefetch, timeout, start_method
         self.read_ahead, self.gpu = read_ahead, gpu
-        self.source.replan(num_workers=max(1, num_workers))
+        #: the plan of its batches: ``df``'s, with batch ``j`` decoded by worker ``j % W``
+        self.plan_spec = dataclasses.replace(df.plan_spec, num_workers=max(1, num_workers))
         self._spec: BatchSpec | None = None
         self.device_normalize: Any = None
         self.pool: Any = None
@@ -130,13 +153,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         """Batches are made in this process: raw mode (nothing to decode) or no workers."""
         return self.spec.mode == "raw" or self.num_workers == 0
 
-    def reset_state(self) -> None:
-        # records that are only copied into buffers need no mapped pages (NOTE [ fault or pread ])
-        self.source.fault_in = self.in_process and self.spec.mode != "gpu"
-        super().reset_state()
-
     def plan(self, epoch: int) -> EpochPlan:
-        return self.df.plan(epoch)
+        return plan_epoch(self.plan_spec, epoch)
 
     def start(self) -> None:
         """Start the workers now, in this thread (else the first :meth:`run` does).  A
@@ -150,12 +168,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                                    start_method=self.start_method, timeout=self.timeout)
         self.pool.start()
 
-    def run(self, epoch: int, first: int = 0
-            ) -> Iterator[tuple[int, int, tuple[np.ndarray, np.ndarray], list | None, int | None]]:
-        """Yield ``(j, n, (labels, samples) views, raw, slot)`` for batches ``j >= first``
-        of ``epoch``: the views are valid until the next item (unless the caller leases
-        ``slot`` from :attr:`pool`); ``raw`` is the encoded images in raw mode, the
-        whole batch buffer (uint8) in mode "gpu" (NOTE [ GPU batches ])."""
+    def run(self, epoch: int, first: int = 0) -> Iterator[Batch]:
+        """The :class:`Batch` es ``j >= first`` of ``epoch``."""
         plan = self.plan(epoch)
         spec = self.spec
         if self.in_process:
@@ -166,9 +180,9 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         # run asks for another; then that work is cancelled)
         ahead = self.plan(epoch + 1) if self.read_ahead else None
         gpu = spec.mode == "gpu"
-        for j, n, views, slot in self.pool.epoch(plan, self.df, first, ahead):
+        for j, n, (labels, samples), slot in self.pool.epoch(plan, self.df, first, ahead):
             whole = slot_views(self.pool.slot_buffer(slot), spec, 0)[2] if gpu else None
-            yield j, n, views, whole, slot
+            yield Batch(j, labels, samples, None, slot, whole)
             del whole
 
     def _in_process(self, spec: BatchSpec, plan: EpochPlan, first: int):
@@ -188,7 +202,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                 region = _targets.region_view(spec.target_kind, labels, n)  # HOOK [ any targets ]
                 raw = decode_batch(spec, [v for _, v in recs], [i for i, _ in recs], region,
                                    samples[:n], batch_rng(spec.seed, plan.epoch, spec.rank, j))
-            yield j, n, (region, samples[:n]), raw, None
+            yield Batch(j, region, samples[:n], raw)
 
     def _gathered(self, spec: BatchSpec, plan: EpochPlan, first: int):
         """Mode "gpu" without workers: the reader copies each batch's records into one
@@ -212,7 +226,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
             gather_batch(spec, whole, values, [i for i, _ in recs], labels[:n], samples[:n],
                          batch_rng(spec.seed, plan.epoch, spec.rank, j))
             del values
-            yield j, n, (labels[:n], samples[:n]), whole, None
+            yield Batch(j, labels[:n], samples[:n], whole=whole)
 
     def _raw(self, spec: BatchSpec, plan: EpochPlan, first: int, labels: np.ndarray,
              samples: np.ndarray):
@@ -235,7 +249,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                                        labels[:n], samples[:n], None)
                 finally:  # (after decode_batch, which maps the values' pages again)
                     reader.release([v for _, v in recs])
-            yield j, n, (labels[:n], samples[:n]), raw, None
+            yield Batch(j, labels[:n], samples[:n], raw)
 
     def __len__(self) -> int:
         return len(self.df)
@@ -244,8 +258,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         return self.source.new_pass(self._copies)
 
     def _copies(self, epoch: int) -> Iterator[list]:
-        for _, _, (labels, samples), raw, _ in self.run(epoch):
-            yield [raw if raw is not None else samples.copy(), labels.copy()]
+        for b in self.run(epoch):
+            yield [b.raw if b.raw is not None else b.samples.copy(), b.labels.copy()]
 
     def close(self) -> None:
         if self.pool is not None:

@@ -172,6 +172,26 @@ class WorkerPool:
     def num_slots(self) -> int:
         return self.num_workers * self.prefetch
 
+    @property
+    def shared_memory_names(self) -> list[str]:
+        """The names of the batch buffers (unlinked once every worker has attached)."""
+        return [s.name.lstrip("/") for s in self.group.shms]
+
+    @property
+    def leased(self) -> frozenset[int]:
+        """The slots whose buffers the caller holds as batch tensors."""
+        return frozenset(self._leased)
+
+    @property
+    def ahead(self) -> EpochPlan | None:
+        """The plan of the epoch the workers went on into after the last one, or None."""
+        return None if self._ahead is None else self._ahead[0]
+
+    @property
+    def free_slots(self) -> int:
+        """Buffers waiting for the reader (all of them before it starts an epoch)."""
+        return self.num_slots if self._free is None else self._free.qsize()
+
     def start(self) -> None:
         if self.started:
             return

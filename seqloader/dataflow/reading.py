@@ -14,7 +14,6 @@ the number of workers.
 """
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -26,14 +25,12 @@ from ..read.database import Database, open_database
 from ..read.plan import (DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, check_rank, plan_epoch,
                          rank_bounds)
 from ..read.reader import RangeReader
-from .base import DataFlow, ProxyDataFlow
+from .base import DataFlow, ProxyDataFlow, Records
 from .feedthread import Stopped
 from .passes import Pass
 from .shuffle import ShuffleBuffer, default_warmup, shuffled
 
 __all__ = ["LMDBData", "LocallyShuffleData", "shuffle_rng", "PositionMap", "skip_ranges"]
-
-Records = Iterator[tuple[int, memoryview]]
 
 
 def shuffle_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
@@ -107,6 +104,7 @@ class LMDBData(DataFlow):
             check_count(name, value, least)
         check_rank(rank, world_size)
         self.db = path if isinstance(path, Database) else open_database(path, split)
+        #: the records' plan (batch size 1; the stages downstream add their batching)
         self.plan_spec = PlanSpec(self.db.shard_sizes, 1, chunk_size, shuffle, False, seed,
                                   rank, world_size, 1, shuffle if even is None else even)
         self.prefetch_bytes, self.io, self.fault_in = prefetch_bytes, io, fault_in
@@ -115,18 +113,15 @@ class LMDBData(DataFlow):
         self._reader: RangeReader | None = None
         self._pass: Pass | None = None  # the pass in progress
 
-    # the plan's settings, read-only (replan changes them)
+    planned = "records"
+
+    # the plan's settings, read-only
     shuffle = property(lambda self: self.plan_spec.shuffle)
     seed = property(lambda self: self.plan_spec.seed)
     rank = property(lambda self: self.plan_spec.rank)
     world_size = property(lambda self: self.plan_spec.world_size)
     chunk_size = property(lambda self: self.plan_spec.chunk_size)
     even = property(lambda self: self.plan_spec.even)
-
-    def replan(self, **changes: Any) -> None:
-        """Change the plan's batching (``batch_size``, ``drop_last``, ``num_workers``): for
-        the stages downstream (NOTE [ planned stages ])."""
-        self.plan_spec = dataclasses.replace(self.plan_spec, **changes)
 
     def plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(self.plan_spec, epoch)
@@ -139,7 +134,7 @@ class LMDBData(DataFlow):
     def __len__(self) -> int:
         s = self.plan_spec
         lo, hi = rank_bounds(s.num_records, s.rank, s.world_size, even=s.even)
-        return hi - lo - ((hi - lo) % s.batch_size if s.drop_last else 0)  # what the plan reads
+        return hi - lo
 
     def reset_state(self) -> None:
         if self._reader is None:
@@ -212,13 +207,22 @@ class LocallyShuffleData(ProxyDataFlow):
         if warmup is not None:
             check_count("warmup", warmup, 0)
         self.buffer_size, self.seed, self.warmup = int(buffer_size), seed, warmup
-        self.source = df.source if isinstance(df, LMDBData) else None
+        # it shuffles records by position, reading the root's files directly
+        self.source = df if isinstance(df, LMDBData) else None
+        self.planned = "records" if self.source is not None else None
         self.epoch = 0
 
-    def _warmup(self) -> int:
+    @property
+    def plan_spec(self) -> PlanSpec:
+        """The records' plan, as its source's (NOTE [ planned stages ])."""
+        return self.source.plan_spec
+
+    def _warmup(self, plan: EpochPlan) -> int:
+        """The warm-up for ``plan`` (default: one of its batches,
+        :func:`~seqloader.dataflow.shuffle.default_warmup`)."""
         if self.warmup is not None:
             return self.warmup
-        s = self.source.plan_spec
+        s = plan.spec
         return default_warmup(self.buffer_size, s.batch_size, s.num_records, s.world_size)
 
     def records(self, plan: EpochPlan, skip: int = 0, eager: int = 0, stop: Any = None) -> Records:
@@ -233,7 +237,7 @@ class LocallyShuffleData(ProxyDataFlow):
         n = len(index_of)
         buf: ShuffleBuffer[int] = ShuffleBuffer(self.buffer_size,
                                                 shuffle_rng(src.seed, plan.epoch, src.rank),
-                                                warmup=self._warmup(), eager=eager)
+                                                warmup=self._warmup(plan), eager=eager)
         emitted = pos = 0
         while emitted < skip and pos < n:  # fast-forward on positions, no I/O
             emitted += len(buf.push(pos))
@@ -254,7 +258,7 @@ class LocallyShuffleData(ProxyDataFlow):
             yield held.pop(out)
 
     def plan(self, epoch: int) -> EpochPlan:
-        return self.source.plan(epoch)
+        return plan_epoch(self.plan_spec, epoch)
 
     def copy_into(self, value: memoryview, out: Any) -> None:
         self.source.copy_into(value, out)

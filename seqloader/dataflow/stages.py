@@ -16,6 +16,7 @@ or, datapoint by datapoint, with the names people know from tensorpack::
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterator
 
@@ -23,7 +24,7 @@ import msgpack
 import numpy as np
 
 from ..errors import RecordError
-from ..read.plan import EpochPlan, check_count, num_batches
+from ..read.plan import EpochPlan, check_count, num_batches, plan_epoch
 from .base import DataFlow, ProxyDataFlow
 from .imap import MultiProcessMapData
 from .mapbatch import MultiProcessMapAndBatchData
@@ -32,7 +33,7 @@ from .reading import LMDBData, LocallyShuffleData
 __all__ = ["DataFlow", "LMDBData", "LocallyShuffleData", "MapData", "MapDataComponent",
            "BatchData", "MultiProcessMapData", "MultiProcessMapAndBatchData"]
 
-Batch = list[tuple[int, memoryview]]
+EncodedBatch = list[tuple[int, memoryview]]
 
 
 class MapData(ProxyDataFlow):
@@ -90,30 +91,34 @@ class BatchData(ProxyDataFlow):
     """Group ``batch_size`` datapoints; each component is stacked (arrays, numbers) or
     listed (bytes, objects).  ``remainder=True`` keeps a last smaller batch.
 
-    Over the reader stages (NOTE [ planned stages ]) the batches are the epoch plan's:
-    this stage sets the plan's batch size and ``drop_last = not remainder`` (records a
-    dropped last batch would hold are not read), and :meth:`batches` hands out the
-    encoded records of each batch."""
+    Over a stage that follows :class:`~seqloader.dataflow.base.PlannedRecords` (the
+    reader stages; NOTE [ planned stages ]) the batches are an epoch plan's: its
+    :attr:`plan_spec` is the upstream's with this batch size and ``drop_last = not
+    remainder`` (records a dropped last batch would hold are not read), and
+    :meth:`batches` hands out the encoded records of each batch -- it then follows
+    :class:`~seqloader.dataflow.base.PlannedBatches`."""
 
     def __init__(self, df: DataFlow, batch_size: int, remainder: bool = False):
         super().__init__(df)
         check_count("batch_size", batch_size, 1)
         self.batch_size, self.remainder = int(batch_size), remainder
-        self.source = df.source if isinstance(df, (LMDBData, LocallyShuffleData)) else None
-        if self.source is not None:
-            self.source.replan(batch_size=self.batch_size, drop_last=not remainder)
+        self.planned = "batches" if df.planned == "records" else None
+        self.source = df.source if self.planned else None
+        self.plan_spec = (dataclasses.replace(df.plan_spec, batch_size=self.batch_size,
+                                              drop_last=not remainder)
+                          if self.planned else None)
 
     def __len__(self) -> int:
-        if self.source is not None:
-            return num_batches(self.source.plan_spec)
+        if self.planned:
+            return num_batches(self.plan_spec)
         n = len(self.df)
         return math.ceil(n / self.batch_size) if self.remainder else n // self.batch_size
 
     def plan(self, epoch: int) -> EpochPlan:
-        return self.source.plan(epoch)
+        return plan_epoch(self.plan_spec, epoch)
 
     def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True,
-                stop: Any = None) -> Iterator[tuple[int, Batch]]:
+                stop: Any = None) -> Iterator[tuple[int, EncodedBatch]]:
         """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
         Values are zero-copy views, valid until :meth:`close`; use a batch before asking
         for the next (with ``release``, its pages are then unmapped; the values stay
@@ -127,13 +132,16 @@ class BatchData(ProxyDataFlow):
             batch = [next(records) for _ in range(sizes[j])]
             yield j, batch
             if release:
-                self.source.release([v for _, v in batch])  # used: NOTE [ mapped pages ]
+                self.df.release([v for _, v in batch])  # used: NOTE [ mapped pages ]
 
     def copy_into(self, value: memoryview, out: Any) -> None:
-        self.source.copy_into(value, out)
+        self.df.copy_into(value, out)
+
+    def release(self, values: Any) -> None:
+        self.df.release(values)
 
     def __iter__(self) -> Iterator[list]:
-        if self.source is not None:
+        if self.planned:
             return self.source.new_pass(self._planned)
         return self._grouped()
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from .imagetree import image_tree_hint
 from ..errors import FormatError, NotFoundError
 
 __all__ = ["db_name", "bad_files_path", "shard_path", "shard_files", "is_shard_name",
@@ -73,8 +74,6 @@ def database_splits(folder: str | Path) -> list[str]:
 
 def _not_found(p: Path, split: str | None) -> str:
     """Why there is no database for ``split`` (None: for any split) in folder ``p``."""
-    from ..write.scan import image_tree_hint  # (scan knows image files; format knows databases)
-
     hint = image_tree_hint(p)
     if hint is not None:
         return hint

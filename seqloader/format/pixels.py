@@ -12,7 +12,7 @@ decodes from the JPEG, so every transform gives the same samples from either dat
 
 The Loader reads them without decoding: the transform gets a view of the record's
 bytes; the fused RandomResizedCrop / Resize+CenterCrop path draws its crop on the
-stored size and renders from the array (:func:`fused_prepare`), as it does for any
+stored size and renders from the array (:meth:`FusedPipeline.prepare`), as it does for any
 image it decodes in full.  The price is storage: 3 bytes a pixel (196 KB for 256 x
 256, several times its JPEG), so it pays only where decoding, not reading, limits
 the Loader (`seqloader bench --compare-formats` measures both on the
@@ -25,7 +25,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-__all__ = ["shrink_to", "to_rgb", "pixels_of", "image_source", "fused_prepare"]
+__all__ = ["shrink_to", "to_rgb", "pixels_of", "image_source"]
 
 
 def shrink_to(rgb: np.ndarray, short_side: int | None) -> np.ndarray:
@@ -83,17 +83,3 @@ def image_source(rec: dict) -> Any:
         raise ValueError(f"stored pixels of shape {shape} in {len(data)} bytes; the file is "
                          "damaged: check it with `seqloader verify`, or re-create it")
     return pixels_of(data, shape)
-
-
-def fused_prepare(fused: Any, data: Any, rng: np.random.Generator) -> Any:
-    """:meth:`FusedPipeline.prepare` for encoded bytes or stored pixels (an array): the
-    crop is drawn on the array's size and rendered from it, nothing decoded -- the path
-    the pipeline takes for an image it had to decode in full."""
-    if not isinstance(data, np.ndarray):
-        return fused.prepare(data, rng)
-    from ..transforms.fused import PreparedSample
-    from ..transforms.jpegwindow import Region
-
-    h, w = data.shape[:2]
-    p = fused.plan(h, w, rng, jpeg=False)
-    return PreparedSample(data.reshape(-1), None, p, Region(0, h, 0, w), None, data)

@@ -32,8 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_CACHE", "DEFAULT_CHUNK", "PlanSpec", "EpochPlan", "make_chunks", "chunk_order", "rank_bounds",
-           "slice_ranges", "batch_sizes", "plan_epoch", "num_batches"]
+__all__ = ["DEFAULT_CACHE", "DEFAULT_CHUNK", "PlanSpec", "check_plan", "EpochPlan", "make_chunks",
+           "chunk_order", "rank_bounds", "slice_ranges", "batch_sizes", "plan_epoch", "num_batches"]
 
 Range = tuple[int, int]
 
@@ -57,6 +57,17 @@ def check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
 
 
+def check_plan(*, batch_size: int, chunk_size: int, world_size: int, num_workers: int,
+               rank: int) -> None:
+    """Raise ValueError naming the first of these plan settings that is not a positive
+    integer, or a rank outside ``[0, world_size)``: what a :class:`PlanSpec` accepts."""
+    for name, v in (("batch_size", batch_size), ("chunk_size", chunk_size),
+                    ("world_size", world_size), ("num_workers", num_workers)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    check_rank(rank, world_size)
+
+
 @dataclass(frozen=True)
 class PlanSpec:
     """Everything the plan depends on.  ``even`` selects the training rule of step 3."""
@@ -73,11 +84,8 @@ class PlanSpec:
     even: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "chunk_size", "world_size", "num_workers"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        check_rank(self.rank, self.world_size)
+        check_plan(batch_size=self.batch_size, chunk_size=self.chunk_size,
+                   world_size=self.world_size, num_workers=self.num_workers, rank=self.rank)
         if any(s < 0 for s in self.shard_sizes):
             raise ValueError(f"shard sizes must be >= 0, got {self.shard_sizes}")
 
@@ -151,6 +159,8 @@ class EpochPlan:
     ranges: tuple[Range, ...]
     batch_sizes: tuple[int, ...]
     num_workers: int = 1
+    #: the spec it was made from (a stage reading it may need the batch size or split size)
+    spec: PlanSpec | None = None
 
     @property
     def num_batches(self) -> int:
@@ -173,7 +183,7 @@ def plan_epoch(spec: PlanSpec, epoch: int) -> EpochPlan:
     lo, hi = rank_bounds(spec.num_records, spec.rank, spec.world_size, even=spec.even)
     sizes = batch_sizes(hi - lo, spec.batch_size, spec.drop_last)
     mine = slice_ranges(sequence, lo, lo + sum(sizes))  # what drop_last drops is never read
-    return EpochPlan(epoch, tuple(_merge(mine)), tuple(sizes), spec.num_workers)
+    return EpochPlan(epoch, tuple(_merge(mine)), tuple(sizes), spec.num_workers, spec)
 
 
 def _merge(ranges: list[Range]) -> list[Range]:

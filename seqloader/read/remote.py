@@ -21,7 +21,7 @@ there), and every block's length is checked.  A retried block is fetched whole a
 so no record is lost or repeated.
 
 fsspec (and the protocol's package, e.g. s3fs) is an optional dependency, imported
-only when a URL is opened: ``pip install seqloader[remote]``.  Credentials come from
+only when a URL is opened: ``pip install -c constraints.txt -e '.[remote]'`` in a clone.  Credentials come from
 fsspec's usual places (environment, config files) or ``storage_options``.
 """
 from __future__ import annotations
@@ -124,7 +124,8 @@ def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
             import fsspec
         except ImportError:
             raise ImportError(f"reading {safe_url(url)} needs fsspec (and the package of its "
-                              "protocol, e.g. s3fs): pip install 'seqloader[remote]'") from None
+                              "protocol, e.g. s3fs): in a clone of seqloader, "
+                              "pip install -c constraints.txt -e '.[remote]'") from None
         try:
             _FS[key] = fsspec.core.url_to_fs(url, **options.storage_options)
         except ImportError as e:

@@ -33,7 +33,7 @@ def compare_formats(path: Any, split: str | None = None, *, n: int = 200,
                     short_side: int | None = 256, workers: int | None = None,
                     disk_mbps: float | None = None, seed: int = 0) -> dict[str, Any]:
     """Measure both formats on ``n`` records of the database at ``path`` (see module doc)."""
-    from ..format.pixels import fused_prepare, shrink_to
+    from ..format.pixels import shrink_to
     from ..read.database import open_database
     from ..read.reader import RangeReader
     from ..format.records import unpack_record
@@ -60,7 +60,7 @@ def compare_formats(path: Any, split: str | None = None, *, n: int = 200,
         for _ in range(2):  # best of two passes: the first warms caches
             t0 = time.perf_counter()
             for x in items:
-                fused.finish(fused_prepare(fused, x, rng), out)
+                fused.finish(fused.prepare(x, rng), out)
             best = max(best, len(items) / (time.perf_counter() - t0))
         return best
 

@@ -236,10 +236,17 @@ class FusedPipeline:
         """The first half of a sample: read the JPEG header, draw the sample's crop and
         flip (consuming ``rng`` exactly as ``__call__`` does) and choose what to
         decode.  Cheap -- no decoding, except for non-JPEG data (decoded here, whole:
-        its size is needed to draw the crop).  ``data`` must stay unchanged until
+        its size is needed to draw the crop); an HWC array (stored pixels) is rendered
+        from as it is.  ``data`` must stay unchanged until
         :meth:`finish`.  NOTE [ draw, then decode ] in ``seqloader/dataflow/batch.py``."""
         if rng is None:
             rng = get_default_rng()
+        if isinstance(data, np.ndarray) and data.ndim == 3:
+            # stored pixels (NOTE [ stored pixels ] in format/pixels.py): the crop is drawn
+            # on the array's size and rendered from it, nothing decoded
+            h, w = data.shape[:2]
+            p = self.plan(h, w, rng, jpeg=False)
+            return PreparedSample(data.reshape(-1), None, p, Region(0, h, 0, w), None, data)
         buf = as_buffer(data)
         frame = jpeg_frame(memoryview(buf)) if buf.size else None
         if frame is None or frame.height == 0:  # not a JPEG (or no usable SOF): decode first

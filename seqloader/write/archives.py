@@ -12,7 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import read_label_lines, is_header, is_image_file
+from ..format.imagetree import is_image_file
+from .scan import read_label_lines, is_header
 
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
                       clean_name, open_archive, read_member, tar_stem, tar_at)

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
 from .migrate import TensorpackLMDB
-from .scan import is_image_file
+from ..format.imagetree import is_image_file
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, Source, clean_name, open_archive, tar_at,
                       tar_members)
 

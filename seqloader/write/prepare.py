@@ -40,8 +40,8 @@ import cv2
 import numpy as np
 
 from ..format.decoders import check_jpeg, clean_jpeg_header, decode_any, imdecode_checked
-from ..format.imagecheck import FULL_FLAGS, TRUNCATED, has_jpeg_end, sniff_format
-from ..format.jpeg import add_restart_index, jpeg_frame, jpeg_info, jpeg_scan, restart_grid
+from ..format.imagecheck import TRUNCATED, has_jpeg_end, sniff_format
+from ..format.jpeg import add_restart_index, jpeg_frame, jpeg_info, restart_grid
 
 __all__ = ["Prepared", "prepare_image", "decode_bgr",
            "restart_blocks", "add_restart_markers", "encode_jpeg", "shrink", "JPEGTRAN_HELP"]

@@ -24,13 +24,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import NotFoundError
+from ..format.imagetree import is_image_file
 
-__all__ = ["IMG_EXTENSIONS", "Scan", "scan_class_tree", "scan_labelled_folder", "is_image_file",
-           "image_tree_hint", "read_label_lines", "is_header", "warn_single_class"]
-
-#: torchvision's ``IMG_EXTENSIONS``, compared case-insensitively.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
+__all__ = ["Scan", "scan_class_tree", "scan_labelled_folder",
+           "read_label_lines", "is_header", "warn_single_class"]
 
 def _unreadable_folder(err: OSError) -> None:
     """os.walk skips a folder it cannot list: its images would silently be missing."""
@@ -60,66 +57,6 @@ def _walk_once(top: Path, repeated: list[str], root: Path | None = None
         dirnames.sort()  # the first of several links to a folder is the one kept: sorted
         found.append((dirpath, fnames))
     return sorted(found)
-
-
-def is_image_file(name: str) -> bool:
-    return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
-
-
-def _subfolders(folder: Path) -> list[str]:
-    """The sorted names of ``folder``'s non-hidden sub-folders ([] if it cannot be listed)."""
-    try:
-        with os.scandir(folder) as it:
-            return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir())
-    except OSError:
-        return []
-
-
-def _holds_images(folder: Path) -> bool:
-    """Whether ``folder`` directly holds an image file (stops at the first one)."""
-    try:
-        with os.scandir(folder) as it:
-            return any(is_image_file(e.name) for e in it)
-    except OSError:
-        return False
-
-
-def _class_folders(folder: Path, probe: int = 3) -> int:
-    """How many sub-folders ``folder`` has if one of its first ``probe`` holds images
-    (the ImageFolder layout ``folder/<class>/<image>``), else 0."""
-    subs = _subfolders(folder)
-    return len(subs) if any(_holds_images(folder / c) for c in subs[:probe]) else 0
-
-
-def image_tree_hint(folder: str | Path) -> str | None:
-    """If ``folder`` looks like an image tree rather than a folder of databases -- an
-    ImageNet root (``<split>/<class>/<image>``), one split's folder (``<class>/<image>``)
-    or a folder of images -- a sentence saying so and how to preprocess it into another
-    folder; else None.
-    Cheap on any tree: lists the folder, up to four split folders and three class
-    folders in each, whatever the number of images."""
-    folder = Path(folder)
-    subs = _subfolders(folder)
-    splits = [s for s in ("train", "val") if s in subs] + [s for s in subs if s not in ("train", "val")]
-    for split in splits[:4]:
-        n = _class_folders(folder / split)
-        if n:
-            return (f"{folder} looks like an image tree ({n} class folders under {split}/), not "
-                    f"a folder of seqloader databases: preprocess it into another folder, "
-                    f"`seqloader preprocess {folder} OUT` (or `python preprocess_sequential.py "
-                    f"{folder} OUT`), and read OUT")
-    n = _class_folders(folder)
-    if n:
-        parent = folder.resolve().parent
-        return (f"{folder} looks like one split's image folder ({n} class folders of images), "
-                f"not a seqloader database: preprocess the folder above it into another "
-                f"folder, `seqloader preprocess {parent} OUT --splits {folder.resolve().name}`, "
-                f"and read OUT")
-    if _holds_images(folder):
-        return (f"{folder} holds image files, not seqloader databases: preprocess the image "
-                f"tree (the folder holding train/ and val/ class folders) into another folder, "
-                f"`seqloader preprocess <imagenet dir> OUT`, and read OUT")
-    return None
 
 
 @dataclass

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .scan import is_image_file
 from .tarwalk import STREAM_ERRORS, Walk
 from ..errors import DamagedArchiveError, NotFoundError
 

@@ -78,7 +78,8 @@ class Uploader:
             import fsspec
         except ImportError:
             raise ImportError(f"writing to {safe_url(url)} needs fsspec (and the package of its "
-                              "protocol, e.g. s3fs): pip install 'seqloader[remote]'") from None
+                              "protocol, e.g. s3fs): in a clone of seqloader, "
+                              "pip install -c constraints.txt -e '.[remote]'") from None
         self.url = url.rstrip("/")
         self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)

@@ -18,7 +18,7 @@ from seqloader.dataflow.gpugather import C, ON_GPU, REASONS, classify, params_vi
 from seqloader.dataflow.mapbatch import MultiProcessMapAndBatchData
 from seqloader.dataflow.reading import LMDBData, LocallyShuffleData
 from seqloader.dataflow.stages import BatchData
-from seqloader.format.pixels import fused_prepare, image_source
+from seqloader.format.pixels import image_source
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToTensor, compile_fused)
 
@@ -46,7 +46,7 @@ def _cpu_draws(eng, transform, epoch):
     out = []
     for j, recs in eng.df.batches(plan):
         rng = batch_rng(eng.spec.seed, epoch, eng.spec.rank, j)
-        plans = [fused_prepare(fused, image_source(msgpack.unpackb(v, raw=False)), rng).plan
+        plans = [fused.prepare(image_source(msgpack.unpackb(v, raw=False)), rng).plan
                  for _, v in recs]
         out.append([(p.window, p.flip) for p in plans])
     return out
@@ -60,7 +60,7 @@ def test_boxes_and_flips_are_the_fused_paths(lmdb_dir, nw, rank):
     eng = _engine(lmdb_dir, TRAIN, nw, rank=rank, world_size=2, gpu=GPUOptions())
     try:
         for epoch in (0, 1):
-            got = [params_view(s)[:n].copy() for _, n, (_, s), _, _ in eng.run(epoch)]
+            got = [params_view(b.samples).copy() for b in eng.run(epoch)]
             want = _cpu_draws(_engine(lmdb_dir, TRAIN, 0, rank=rank, world_size=2), TRAIN, epoch)
             assert len(got) == len(want) > 1
             for rows, draws in zip(got, want):
@@ -251,14 +251,15 @@ def test_a_failing_record_is_named(lmdb_dir):
     eng = _engine(lmdb_dir, TRAIN, 0, gpu=GPUOptions())
     try:
         dec = GPUDecoder(eng.spec, torch.device(DEVICE), db=eng.source.db)
-        _, n, (labels, samples), whole, _ = next(eng.run(0))
-        rows = params_view(samples)
+        batch = next(eng.run(0))
+        n, whole = len(batch.samples), batch.whole
+        rows = params_view(batch.samples)
         k = int(np.flatnonzero(rows[:n, C["kind"]] == ON_GPU)[0])
         o, ln = int(rows[k, C["offset"]]), int(rows[k, C["length"]])
         whole[o + 2:o + ln] = 0  # the header survives the gathering, not the decoder
         idx = int(rows[k, C["index"]])
         with pytest.raises(RecordError, match=rf"record {idx} \(.*\.JPEG\)") as e:
-            dec._decoded((0, n, (labels, samples), whole, None))
+            dec._decoded(batch)
         assert e.value.index == idx
     finally:
         eng.close()
@@ -312,7 +313,7 @@ def test_a_killed_worker_is_reported(lmdb_dir):
                 decode="gpu", device=DEVICE)
     it = iter(ld)
     next(it)
-    os.kill(ld._pool.pids[0], signal.SIGKILL)
+    os.kill(ld.workers.pids[0], signal.SIGKILL)
     with pytest.raises(WorkerDiedError, match="SIGKILL"):
         for _ in it:
             pass

@@ -83,7 +83,7 @@ def test_killed_worker_is_reported_quickly_not_a_hang(lmdb_dir):
     loader = Loader(lmdb_dir, "train", SMALL, batch_size=2, num_workers=2, cache=4)
     it = iter(loader)
     next(it)
-    pids = loader._pool.pids
+    pids = loader.workers.pids
     os.kill(pids[1], signal.SIGKILL)
     t0 = time.time()
     with pytest.raises(WorkerDiedError, match=rf"worker 1 \(pid {pids[1]}\) was killed by SIGKILL"):
@@ -106,8 +106,8 @@ def test_break_mid_epoch_leaves_nothing_behind(lmdb_dir, method):
         for i, _ in enumerate(loader):
             if i == 2:
                 break
-        pids = loader._pool.pids
-        names = {s.name.lstrip("/") for s in loader._pool.group.shms}
+        pids = loader.workers.pids
+        names = set(loader.workers.shared_memory_names)
         assert len(names) == 4 and not names & _shm()  # unlinked as soon as workers attach
         # the next epoch after a break is complete and exact
         assert sum(1 for _ in loader) == n
@@ -121,7 +121,7 @@ def test_break_mid_epoch_leaves_nothing_behind(lmdb_dir, method):
 def test_del_and_gc_stop_workers(lmdb_dir):
     loader = Loader(lmdb_dir, "train", SMALL, batch_size=2, num_workers=2)
     next(iter(loader))
-    pids = loader._pool.pids
+    pids = loader.workers.pids
     del loader
     import gc
     gc.collect()
@@ -131,7 +131,7 @@ def test_del_and_gc_stop_workers(lmdb_dir):
 def test_non_persistent_workers_stop_after_each_epoch(lmdb_dir):
     loader = Loader(lmdb_dir, "train", SMALL, batch_size=4, num_workers=2, persistent_workers=False)
     list(loader)
-    assert loader._pool is None
+    assert loader.workers is None
     list(loader)
     loader.close()
 
@@ -148,8 +148,8 @@ SCRIPT = textwrap.dedent("""
     loader = Loader(sys.argv[1], "train", tf, batch_size=1, num_workers=2, timeout=30)
     it = iter(loader)
     next(it)
-    print(" ".join(map(str, loader._pool.pids)), flush=True)
-    print(" ".join(s.name.lstrip("/") for s in loader._pool.group.shms), flush=True)
+    print(" ".join(map(str, loader.workers.pids)), flush=True)
+    print(" ".join(loader.workers.shared_memory_names), flush=True)
     if sys.argv[2] == "int":
         try:
             os.kill(os.getpid(), signal.SIGINT)
@@ -288,7 +288,7 @@ def test_a_stuck_worker_behind_a_full_pipe_times_out_not_hangs(tmp_path, stop):
     faulthandler.dump_traceback_later(120, exit=True)  # a regression hangs: fail loudly
     it = iter(loader)
     next(it)
-    pids = loader._pool.pids
+    pids = loader.workers.pids
     t0 = time.time()
     if stop == "timeout":
         with pytest.raises(TimeoutError, match="sent nothing for 2 s"):
@@ -339,10 +339,10 @@ def test_batches_held_across_a_worker_death_do_not_free_the_new_pools_buffers(lm
     want = [x.clone() for x, _ in held]
     # the old batches are intact: the dead pool's close left their buffers mapped
     assert all(torch.equal(x, w) for (x, _), w in zip(old, old_want))
-    leased = set(loader._pool._leased)
+    leased = loader.workers.leased
     del old, it
     gc.collect()  # the old batches' finalizers run
-    assert loader._pool._leased == leased
+    assert loader.workers.leased == leased
     for _ in loader:  # another epoch through the pool's circulating buffers
         pass
     assert all((x == w).all() for (x, _), w in zip(held, want))

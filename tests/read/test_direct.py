@@ -229,7 +229,7 @@ def test_loader_batches_are_identical_with_direct_io(big_db, monkeypatch):
         with Loader(big_db.paths[0], "train", tf, batch_size=16, shuffle=True, num_workers=2,
                     cache=40, seed=3, io=io) as ld:
             out[io] = [[(x.clone(), y.clone()) for x, y in ld] for _ in range(2)]
-            assert ld._feeder.reader.direct == (io == "direct")
+            assert ld.pipeline.source.reader.direct == (io == "direct")
     assert len(out["direct"][0]) == len(out["buffered"][0]) > 0
     for ea, eb in zip(out["buffered"], out["direct"]):
         for (xa, ya), (xb, yb) in zip(ea, eb):

@@ -166,7 +166,7 @@ def test_batches_that_do_not_fit_the_buffer_go_by_pipe(big_db):
     tf = T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
     kw = dict(batch_size=4, shuffle=False, seed=3)
     pooled = Loader(big_db.paths[0], "train", tf, num_workers=2, **kw)
-    spec = pooled._producer_spec()
+    spec = pooled.batch_spec
     sizes = [len(v) for k, v in raw_items(big_db.paths[0]) if k != b"__seqloader_meta__"]
     fits = [spec.input_start(sizes[i:i + 4]) is not None for i in range(0, len(sizes), 4)]
     assert any(fits) and not all(fits)  # both paths are exercised

@@ -254,7 +254,7 @@ def test_stored_pixels_fused_path_matches_the_transform(tmp_path):
     for img, data in zip(raw, jpegs):  # without a short side: the pixels the Loader decodes
         assert np.array_equal(img, decode_rgb(data))
     with Loader(tmp_path, "train", recipe, batch_size=1, num_workers=2, seed=4) as ld:
-        assert ld._producer_spec().fused is not None
+        assert ld.batch_spec.fused is not None
         for j, (x, _) in enumerate(ld):
             want = recipe(np.array(raw[j]), batch_rng(4, 0, 0, j))
             assert np.array_equal(x[0].numpy(), want)

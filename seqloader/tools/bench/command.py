@@ -255,11 +255,11 @@ def conditions_of(args: argparse.Namespace, src: Inputs, loaders: list[str], mod
 def _reader_cache(loader: Any) -> int:
     """The shuffle buffer (records) one reader of ``loader`` uses: the Loader's own
     figure (its whole ``cache`` with one reader per rank; ``cache // num_workers``
-    when each worker reads), falling back to ``loader.cache``."""
+    when each worker reads), falling back to the loader's ``cache``."""
     try:
-        return int(loader._producer_spec().cache)
+        return int(loader.batch_spec.cache)
     except Exception:
-        return int(loader.cache)
+        return int(loader.settings.cache)
 
 
 def _quality(args: argparse.Namespace, src: Inputs, loaders: list[str],

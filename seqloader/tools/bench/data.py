@@ -22,7 +22,7 @@ class Inputs:
     def __init__(self, args: argparse.Namespace, loaders: list[str]) -> None:
         from ...read.database import open_database
         from ...format.files import database_splits
-        from ...write.scan import image_tree_hint
+        from ...format.imagetree import image_tree_hint
 
         from ...read.remote import is_url
 

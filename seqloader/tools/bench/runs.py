@@ -80,9 +80,10 @@ class _Epochs:
             yield from self.loader
 
     def close(self) -> None:
-        feeder = self.loader._feeder  # (gone once closed)
-        if feeder is not None:
-            self.io = "direct" if feeder.reader.direct else "buffered"
+        try:  # (before it is closed: the reader goes with it)
+            self.io = "direct" if self.loader.pipeline.source.reader.direct else "buffered"
+        except RuntimeError:  # (never iterated: no reader)
+            pass
         self.loader.close()
 
 
