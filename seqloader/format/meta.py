@@ -15,8 +15,8 @@ from .keys import META_KEY
 from .targets import TARGET_KINDS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Meta", "EmptyDatabaseError", "EXTENT_DTYPE",
-           "meta_extents", "DIGEST_BYTES", "digest_entry", "meta_digests", "pack_meta", "unpack_meta", "PLAIN_VERSION", "IMAGE_FORMATS",
-           "file_version"]
+           "meta_extents", "DIGEST_BYTES", "digest_entry", "meta_digests", "pack_meta",
+           "unpack_meta", "PLAIN_VERSION", "IMAGE_FORMATS", "file_version"]
 
 FORMAT_NAME = "seqloader"
 #: Bumped whenever a reader of the previous version could misread a new file.
