@@ -36,8 +36,10 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True, out: bool = True)
 
 def _report(reports: list) -> int:
     for r in reports:
-        print(f"{r.split}: {r.num_records} records, {len(r.classes)} classes in "
-              f"{len(r.paths)} file(s)")
+        of = f" (of the split's {r.num_records})" if r.written != r.num_records else ""
+        what = (f"{len(r.classes)} classes" if r.target_kind == "class"
+                else f"{r.target_kind} targets")
+        print(f"{r.split}: {r.written} records{of}, {what} in {len(r.paths)} file(s)")
         for p in r.paths:
             print(f"  {p}")
     return 0
