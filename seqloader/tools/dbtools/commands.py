@@ -76,7 +76,7 @@ def _run_export(a: argparse.Namespace) -> int:
     for r in export(a.path, a.out, to=a.format, split=a.split, targets=a.targets,
                     shard_bytes=a.shard_size, overwrite=a.overwrite, progress=not a.no_progress):
         print(f"{r.split}: {r.num_records} records, {r.bytes / 2**20:.1f} MiB of images in "
-              f"{r.files} file(s)")
+              f"{r.files} file(s){' (already complete)' if r.already else ''}")
     print(f"  {a.out}")
     return 0
 
