@@ -96,7 +96,9 @@ class TreeTar(TarSource):
         strip = None
         folders: list[list[str]] = []  # folder members seen before ``strip`` is known
         for m in walk.members(tf):
-            name = clean_name(m.name).rstrip("/")
+            name = clean_name(m.name)
+            if not name:  # the archive's root entry (``./``)
+                continue
             parts = name.split("/")
             if m.isdir():  # a class folder, even an empty one (as in the extracted tree)
                 folders.append(parts)
