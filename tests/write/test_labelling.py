@@ -193,6 +193,36 @@ def test_a_bad_labels_file_fails_before_train_is_written(tmp_path, capsys):
     assert not (out / "ILSVRC-train.lmdb").exists()
 
 
+@pytest.mark.parametrize("bad", ["n99", "3"])  # an unknown class; an index past train's 3
+def test_val_labels_outside_train_classes_fail_before_train_is_written(tmp_path, capsys, bad):
+    root = _tree(tmp_path / "tree")
+    train = tmp_path / "ILSVRC2012_img_train.tar"
+    with tarfile.open(train, "w") as tf:
+        tf.add(root / "train", arcname="train")
+    val, names = _val_tar(tmp_path)
+    labels = tmp_path / "val.txt"
+    labels.write_text("".join(f"{n} {bad if i == 2 else 'n01'}\n" for i, n in enumerate(names)))
+    out = tmp_path / "out"
+    rc, err, _ = _run([str(train), str(val), str(out), "--val-labels", str(labels)], capsys)
+    assert rc == 2, err
+    assert f"val.txt:3: {names[2]}'s class '{bad}' is not one of the 3 classes of the train" in err
+    assert "in the same run" not in err
+    assert not (out / "ILSVRC-train.lmdb").exists()
+    labels.write_text("".join(f"{n} {i % 3}\n" for i, n in enumerate(names)))  # fixed: resumes
+    rc, err, _ = _run([str(train), str(val), str(out), "--val-labels", str(labels)], capsys)
+    assert rc == 0, err
+
+
+def test_a_labels_folder_is_named_a_folder(tmp_path, capsys):
+    val, _ = _val_tar(tmp_path)
+    rc, err, _ = _run([str(val), str(tmp_path / "out"), "--val-labels", str(tmp_path)], capsys)
+    assert rc == 2 and f"labels file {tmp_path} is a directory; give the file in it" in err, err
+    root = _tree(tmp_path / "tree")
+    (root / "val").mkdir()
+    rc, err, _ = _run([str(root), str(tmp_path / "out2"), "--val-labels", str(tmp_path)], capsys)
+    assert rc == 2 and "is a directory" in err and "LOC_val_solution.csv" in err, err
+
+
 def test_a_single_class_train_split_names_the_layout(tmp_path, capsys):
     root = tmp_path / "kaggle"
     for c in ("n01", "n02"):
