@@ -156,8 +156,12 @@ class TarOfTars(TarSource):
             tf = tar_at(inner, start, inner_where)
             walk = self._walk_of(inner_where)
             for im in walk.members(tf):
-                name = clean_name(im.name).rsplit("/", 1)[-1]
-                if im.isfile() and is_image_file(name):
+                # (the path inside the class folder, as extracting the inner tar there
+                # makes it; hidden folders skipped, as the tree's scan skips them)
+                name = clean_name(im.name)
+                parts = name.split("/")
+                if im.isfile() and is_image_file(parts[-1]) and not any(
+                        p.startswith(".") for p in parts[:-1]):
                     yield (self._item(f"{cls}/{name}", cls, tf, im, walk, base),
                            [m.offset, tf.offset])
             self._walk = outer_walk

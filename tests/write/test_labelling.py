@@ -87,7 +87,7 @@ def test_tar_of_tars_and_shards_read_dotted_names_as_extraction_does(tmp_path, c
                 inner.addfile(dot)
                 for i in range(2):
                     data = _jpeg(i)
-                    ti = tarfile.TarInfo(f"./{c}_{i}.JPEG")
+                    ti = tarfile.TarInfo(f"./{c}_{i}.JPEG" if i == 0 else f"./sub/{c}_{i}.JPEG")
                     ti.size = len(data)
                     inner.addfile(ti, io.BytesIO(data))
             ti = tarfile.TarInfo(f"./{c}.tar")
@@ -96,8 +96,8 @@ def test_tar_of_tars_and_shards_read_dotted_names_as_extraction_does(tmp_path, c
             outer.addfile(ti, buf)
     rc, err, _ = _run([str(tot), str(tmp_path / "a")], capsys)
     assert rc == 0, err
-    assert _labels(tmp_path / "a") == [(f"{c}/{c}_{i}.JPEG", k) for k, c in
-                                       enumerate(("n01", "n02")) for i in range(2)]
+    assert _labels(tmp_path / "a") == [(p, k) for k, c in enumerate(("n01", "n02"))
+                                       for p in (f"{c}/{c}_0.JPEG", f"{c}/sub/{c}_1.JPEG")]
     shard = tmp_path / "shard-000000.tar"
     with tarfile.open(shard, "w") as tf:
         for i in range(2):
