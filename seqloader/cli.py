@@ -187,7 +187,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .read.verify import verify_database
+    from .tools.dbtools.verify import verify_database
 
     splits = path_splits(args.path, args.split)
     named = args.split is None and (Path(args.path).is_dir() or splits != [None])

@@ -15,7 +15,7 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
     from ..read.database import open_database
     from ..write.preprocess import preprocess
     from .synth import make_synthetic_imagenet
-    from ..read.verify import verify_database
+    from .dbtools.verify import verify_database
     from ..write.writer import WriteOptions
 
     src, out = work / "imagenet", work / "lmdb"

@@ -119,7 +119,7 @@ def test_writer(synth_tree, tmp_path, monkeypatch, nw):
 
 @pytest.mark.parametrize("nw", [0, 2])
 def test_verify(lmdb_dir, cursed, monkeypatch, nw):
-    from seqloader.read import verify
+    from seqloader.tools.dbtools import verify
 
     real = verify.check_stored
     target = {bytes(r.image[-64:]) for i, r in read_records(lmdb_dir / "ILSVRC-val.lmdb")

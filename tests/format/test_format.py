@@ -122,7 +122,7 @@ def test_version_1_files_keep_their_blake2b_checksum(lmdb_dir, tmp_path):
     import hashlib
     import shutil
 
-    from seqloader.read.verify import verify_database
+    from seqloader.tools.dbtools.verify import verify_database
     from conftest import raw_items
 
     src = lmdb_dir / "ILSVRC-val.lmdb"

@@ -376,7 +376,7 @@ def test_cli_info_and_verify_accept_urls(moto, s3_url):
 def test_verify_remote_finds_damage(moto, lmdb_dir, tmp_path, monkeypatch):
     """A record flipped on the server (metadata intact) fails the checksum."""
     from seqloader.read.database import open_database
-    from seqloader.read.verify import verify_database
+    from seqloader.tools.dbtools.verify import verify_database
 
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -354,7 +354,7 @@ def test_flipped_image_byte_is_caught(nginx, lmdb_dir, proxy_factory, workers):
         warnings.simplefilter("ignore")  # (a decoder may warn of corrupt data)
         assert len(epoch(verify=False)) == 3  # 12 records, all served
     if not workers:  # `seqloader verify URL` reports it (and goes on)
-        from seqloader.read.verify import verify_database
+        from seqloader.tools.dbtools.verify import verify_database
 
         res = verify_database(url, workers=1, progress=False)
         assert any(f"digests of 1 records (first: record {k})" in p for p in res.problems)

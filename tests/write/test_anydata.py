@@ -18,7 +18,7 @@ from seqloader.format.records import Record, pack_record, unpack_record
 from seqloader.format.targets import decode_target, encode_target
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToTensor, decode_rgb)
-from seqloader.read.verify import verify_database
+from seqloader.tools.dbtools.verify import verify_database
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -606,7 +606,7 @@ def test_written_records_leave_the_page_cache(tmp_path):
     page cache (it would flood it on a 140 GB split), and the file still reads and
     verifies.  (Mutation: without ``_drop_behind`` nearly every page stays.)"""
     from seqloader.tools.synth import make_synthetic_imagenet
-    from seqloader.read.verify import verify_database
+    from seqloader.tools.dbtools.verify import verify_database
 
     skip_unless_pages_can_be_dropped(tmp_path)
     tree = _quiet(make_synthetic_imagenet, tmp_path / "src", classes=3, per_class=20,
@@ -631,7 +631,7 @@ def test_verify_names_truncated_images_and_bad_labels_in_processes_and_threads(l
 
     import msgpack
 
-    from seqloader.read.verify import verify_database
+    from seqloader.tools.dbtools.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -663,7 +663,7 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
     import numpy as np
 
     from seqloader.format.meta import pack_meta, unpack_meta
-    from seqloader.read.verify import verify_database
+    from seqloader.tools.dbtools.verify import verify_database
 
     bad = tmp_path / "bad.lmdb"
     shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
@@ -688,7 +688,7 @@ def test_digest_table_round_trip_and_verify_checks_it(lmdb_dir, tmp_path):
     import shutil
 
     from seqloader.format.meta import pack_meta, unpack_meta
-    from seqloader.read.verify import verify_database
+    from seqloader.tools.dbtools.verify import verify_database
 
     import re
 

@@ -13,7 +13,7 @@ from seqloader.errors import FormatError
 from seqloader.format.keys import META_KEY
 from seqloader.format.meta import EXTENT_DTYPE, pack_meta
 from seqloader.read.database import open_database
-from seqloader.read.verify import verify_database
+from seqloader.tools.dbtools.verify import verify_database
 from seqloader.tools.dbtools import export, merge, reshard, subset
 
 

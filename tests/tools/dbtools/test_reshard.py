@@ -10,7 +10,7 @@ from seqloader.read.database import open_database
 from seqloader.tools.dbtools import merge, reshard, subset
 from seqloader.tools.dbtools.copier import CopyPlan, write_copy
 from seqloader.tools.dbtools.stream import Selection, RecordStream, runs
-from seqloader.read.verify import verify_database
+from seqloader.tools.dbtools.verify import verify_database
 
 
 def values(path, split=None):

@@ -8,7 +8,7 @@ from conftest import assert_digests_match, read_records
 from seqloader.cli import main as cli
 from seqloader.read.database import open_database
 from seqloader.tools.dbtools.subset import select, subset
-from seqloader.read.verify import verify_database
+from seqloader.tools.dbtools.verify import verify_database
 
 LABELS = np.repeat(np.arange(5), [10, 7, 3, 10, 0])
 NAMES = ["a", "b", "c", "d", "e"]

@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from seqloader.read.database import open_database
-from seqloader.read.verify import verify_database
+from seqloader.tools.dbtools.verify import verify_database
 from seqloader.tools.dbtools import copier, merge, reshard, subset
 
 REPO = Path(__file__).resolve().parents[3]

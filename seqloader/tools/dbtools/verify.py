@@ -11,17 +11,16 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from .database import close_env, open_database, open_env
-from ..format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
-from ..format.meta import DIGEST_BYTES, EmptyDatabaseError, meta_digests, meta_extents
-from ..format.keys import decode_key, encode_key, is_record_key
-from ..format.records import unpack_record
-from ..errors import FormatError
-from .pages import address, map_base
-from ..format.imagecheck import check_stored
-from ..dataflow.imap import named_errors, process_map
-from ..dataflow.ordered import ordered_map
-from ..errors import WorkerDiedError
+from ...read.database import close_env, open_database, open_env
+from ...format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
+from ...format.meta import DIGEST_BYTES, EmptyDatabaseError, meta_digests, meta_extents
+from ...format.keys import decode_key, encode_key, is_record_key
+from ...format.records import unpack_record
+from ...read.pages import address, map_base
+from ...format.imagecheck import check_stored
+from ...dataflow.imap import named_errors, process_map
+from ...dataflow.ordered import ordered_map
+from ...errors import FormatError, WorkerDiedError
 
 __all__ = ["VerifyResult", "verify_database"]
 
@@ -230,8 +229,8 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
     """:func:`verify_database` of a database at URLs: every record the metadata's extents
     point at (what readers read) is fetched with ranged GETs, checked, and chained into
     the checksum in key order; the LMDB B-tree itself is not walked."""
-    from ..read.reader import RangeReader
-    from ..read.remote import safe_url
+    from ...read.reader import RangeReader
+    from ...read.remote import safe_url
 
     res = VerifyResult(db.num_records)
     bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
