@@ -200,3 +200,36 @@ def test_all_names_exist():
         if missing:
             bad.append(f"{module}: {missing}")
     assert not bad, f"__all__ names not defined: {bad}"
+
+
+# The layers, bottom up (docs/how-it-works.md): a module imports its own layer or those below.
+LAYERS = [
+    ("seqloader.errors", "seqloader.version"),
+    ("seqloader.format",),
+    ("seqloader.read", "seqloader.transforms"),
+    ("seqloader.dataflow", "seqloader.settings", "seqloader.resume"),
+    ("seqloader.write", "seqloader.trainers"),
+    ("seqloader.loader",),
+    ("seqloader",),  # the package's top level: its explicit re-exports
+    ("seqloader.tools",),
+    ("seqloader.cli", "seqloader.__main__"),
+]
+
+
+def _layer(module: str) -> int:
+    best, level = -1, None
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, level = len(p), i
+    assert level is not None, f"{module} is in no layer: add it to LAYERS"
+    return level
+
+
+def test_no_import_runs_up_a_layer():
+    """format -> read/transforms -> dataflow -> write -> loader -> tools -> cli: a lower layer
+    never imports a higher one (not even inside a function)."""
+    edges, _ = _graph()
+    up = sorted((a, b) for a, targets in edges.items() for b in targets
+                if _layer(b) > _layer(a))
+    assert not up, "imports that run up a layer:\n" + "\n".join(f"{a} imports {b}" for a, b in up)
