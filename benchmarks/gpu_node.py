@@ -47,7 +47,6 @@ sys.path.insert(0, str(HERE))
 from benchpaths import REPO, absolute, add_out_argument, out_dir  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-_CLK = os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ child side
@@ -61,41 +60,11 @@ def _recipe(name: str, size: int):
     return Compose([Resize(size * 8 // 7), CenterCrop(size), ToTensor(), Normalize(MEAN, STD)])
 
 
-def _cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK
-
-
-def _descendants(pid: int) -> list[int]:
-    """The live descendants of ``pid``, from every process's parent in ``/proc/*/stat``
-    (the per-thread ``children`` files are missing on some kernels, gVisor's among them)."""
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-            kids.setdefault(ppid, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        found = kids.get(todo.pop(), [])
-        out += found
-        todo += found
-    return out
-
-
 def _tree_cpu() -> tuple[float, float]:
     """(this process's CPU seconds, its descendants' -- the workers)."""
-    me = os.getpid()
-    return _cpu_seconds(me), sum(_cpu_seconds(p) for p in _descendants(me))
+    from seqloader.tools.bench.machine import cpu_seconds, process_tree
+    me, *kids = process_tree()
+    return cpu_seconds(me) or 0.0, sum(cpu_seconds(p) or 0.0 for p in kids)
 
 
 def _sync(device: str) -> None:
@@ -228,7 +197,7 @@ def child_floor(a: argparse.Namespace) -> dict:
         decode_jpegs(data[0], device)  # (warm-up: nvJPEG handles, buffers)
         _sync(a.device)
         n, t0 = 0, time.perf_counter()
-        c0 = _cpu_seconds(os.getpid())
+        c0 = _tree_cpu()[0]
         while time.perf_counter() - t0 < a.seconds / len(variants):
             for bs in data:
                 decode_jpegs(bs, device)
@@ -236,7 +205,7 @@ def child_floor(a: argparse.Namespace) -> dict:
         _sync(a.device)
         wall = time.perf_counter() - t0
         out[name] = {"images_per_s": n / wall,
-                     "cores_busy": (_cpu_seconds(os.getpid()) - c0) / wall}
+                     "cores_busy": (_tree_cpu()[0] - c0) / wall}
     flat = [b for bs in ok for b in bs]
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < 2:

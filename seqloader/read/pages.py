@@ -7,7 +7,9 @@ import os
 
 import numpy as np
 
-__all__ = ["PAGE", "LIBC", "map_base", "address", "unmap"]
+from ..format.meta import EXTENT_DTYPE
+
+__all__ = ["PAGE", "LIBC", "map_base", "address", "unmap", "value_extents"]
 
 PAGE = 4096
 
@@ -50,3 +52,21 @@ def address(view: memoryview) -> int:
     """The address of the first byte of ``view``."""
     return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
 
+
+def value_extents(path: str, env, keys) -> np.ndarray | None:
+    """The extents (:data:`~seqloader.format.meta.EXTENT_DTYPE`: byte offset in the file,
+    length) of the values of ``keys`` in the LMDB environment ``env`` open on ``path``, or
+    None where its map cannot be located (no /proc).  Meant right after the keys' commit,
+    when their pages are in the page cache: it reads nothing from disk, and it unmaps the
+    whole map afterwards so the caller's RSS stays flat (NOTE [ mapped pages ])."""
+    base = map_base(str(path))
+    if base is None:
+        return None
+    out = np.empty(len(keys), EXTENT_DTYPE)
+    with env.begin(buffers=True) as txn:
+        for j, key in enumerate(keys):
+            value = txn.get(key)
+            out[j] = (address(value) - base, len(value))
+            del value
+    unmap(base, env.info()["map_size"])
+    return out

@@ -21,7 +21,7 @@ from ..format.meta import DIGEST_BYTES, EXTENT_DTYPE, Meta, digest_entry, file_v
 from ..format.keys import META_KEY, encode_key
 from ..format.records import Record, pack_record
 from ..errors import FormatError, OutputExistsError
-from ..read.pages import PAGE as _PAGE, address, map_base, unmap
+from ..read.pages import PAGE as _PAGE, value_extents
 from .prepare import prepare_image
 from ..dataflow.imap import named_errors, process_map
 from ..dataflow.ordered import ordered_map
@@ -182,21 +182,9 @@ class ShardWriter:
         if hi > lo:
             os.posix_fadvise(self._fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
 
-    def _locate(self, env: lmdb.Environment, keys: list[bytes]) -> np.ndarray | None:
-        """Extents of committed records (NOTE [ record extents ] in shard.py), or None
-        without /proc.  Called right after their commit, their pages are in the page
-        cache, so this reads nothing from disk."""
-        base = map_base(str(self.partial))
-        if base is None:
-            return None
-        out = np.empty(len(keys), EXTENT_DTYPE)
-        with env.begin(buffers=True) as txn:
-            for j, key in enumerate(keys):
-                value = txn.get(key)
-                out[j] = (address(value) - base, len(value))
-                del value
-        unmap(base, env.info()["map_size"])  # keep the writer's RSS flat (NOTE [ mapped pages ])
-        return out
+    def _locate(self, env: lmdb.Environment, keys) -> np.ndarray | None:
+        """Extents of just-committed records (:func:`~seqloader.read.pages.value_extents`)."""
+        return value_extents(str(self.partial), env, keys)
 
     def _relocate_small(self, env: lmdb.Environment, ext: np.ndarray) -> np.ndarray:
         """Values small enough to live inside B-tree leaves (about half a page or less)

@@ -40,7 +40,7 @@ from ...format.files import db_name, shard_files, shard_path
 from ...format.keys import META_KEY, encode_key
 from ...format.meta import EXTENT_DTYPE, Meta, digest_entry, file_version, pack_meta
 from ...read.database import file_meta
-from ...read.pages import PAGE, address, map_base, unmap
+from ...read.pages import PAGE, address, map_base, unmap, value_extents
 from ...write.committed import committed_records
 
 __all__ = ["CopyPlan", "write_copy", "relabel", "output_file", "split_outputs"]
@@ -274,20 +274,9 @@ class _ShardCopy:
         if pending and self.ext is not None:
             self._committed(env, [key for key, _ in pending])
 
-    def _locate(self, env: lmdb.Environment, keys: Sequence[bytes]) -> np.ndarray | None:
-        """The extents of committed records (their pages are in the page cache: nothing
-        is read), or None where the map cannot be located (no /proc)."""
-        base = map_base(str(self.partial))
-        if base is None:
-            return None
-        out = np.empty(len(keys), EXTENT_DTYPE)
-        with env.begin(buffers=True) as txn:
-            for j, key in enumerate(keys):
-                value = txn.get(key)
-                out[j] = (address(value) - base, len(value))
-                del value
-        unmap(base, env.info()["map_size"])  # (keeps this process's RSS flat)
-        return out
+    def _locate(self, env: lmdb.Environment, keys) -> np.ndarray | None:
+        """Extents of just-committed records (:func:`~seqloader.read.pages.value_extents`)."""
+        return value_extents(str(self.partial), env, keys)
 
     def _committed(self, env: lmdb.Environment, keys: list[bytes]) -> None:
         """After a commit: the new records' extents, then their pages dropped from the
