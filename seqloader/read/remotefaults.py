@@ -232,12 +232,14 @@ def error_for(e: BaseException, where: str, url: str = "", *, attempts: int = 1,
     else:
         cls = RemoteError
     tried = (f"failed {attempts} times in {elapsed:.1f} s, last: " if attempts > 1 else "")
-    hint = _HINT.get(cls)
+    hint, reason = _HINT.get(cls), None
     if cls is RemoteUnreachableError and _refused(e):
-        hint = _REFUSED_HINT
+        hint, reason = _REFUSED_HINT, "refused"
     elif cls is RemoteAccessError and _no_credentials(e):
-        hint = _NO_CREDENTIALS_HINT
-    return cls(f"{where}: {tried}{describe(e, url)}" + (f"; {hint}" if hint else ""))
+        hint, reason = _NO_CREDENTIALS_HINT, "no credentials"
+    err = cls(f"{where}: {tried}{describe(e, url)}" + (f"; {hint}" if hint else ""))
+    err.reason = reason
+    return err
 
 
 def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
@@ -253,8 +255,9 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
         if abort is not None and abort.is_set():
             raise Aborted(where)
         left = end - time.monotonic()
+        budget = max(0.05, min(options.timeout, left))
         try:
-            return call(max(0.05, min(options.timeout, left)))
+            return call(budget)
         except Aborted:
             raise
         except Exception as e:  # noqa: BLE001 - classified
@@ -263,7 +266,11 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
             attempt += 1
             if classify(e) != "transient":
                 raise error_for(e, where, url) from None
-            last = e
+            # (an attempt cut short by the deadline's remainder says less than the
+            # failure before it, e.g. a refused connection)
+            if not (last is not None and _timed_out(e) and not _timed_out(last)
+                    and budget < options.timeout):
+                last = e
         delay = min(BACKOFF_MAX, 0.1 * 2 ** attempt) * random.uniform(0.5, 1.0)
         left = end - time.monotonic()
         if attempt >= options.retries or left <= 0.05:
