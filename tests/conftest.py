@@ -151,6 +151,22 @@ def assert_extents_match(path) -> None:
     assert [data[o:o + n] for o, n in ext.tolist()] == want
 
 
+def assert_digests_match(path) -> None:
+    """The metadata's digest table holds each record's ``record_digest`` (first 8 bytes),
+    in record order (NOTE [ record digests ])."""
+    from seqloader.format.checksum import record_digest
+    from seqloader.format.keys import META_KEY
+    from seqloader.read.database import open_env, close_env, read_meta
+
+    env = open_env(path)
+    try:
+        meta = read_meta(env, path)
+    finally:
+        close_env(env)
+    want = b"".join(record_digest(v)[:8] for k, v in raw_items(path) if k != META_KEY)
+    assert len(want) == 8 * meta.num_records and meta.digests == want
+
+
 def resident_fraction(path) -> float:
     """The share of ``path``'s pages in the page cache (the benchmarks' mincore probe)."""
     from seqloader.tools.bench import residency

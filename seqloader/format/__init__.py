@@ -41,8 +41,9 @@ from .checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record
 from .files import (bad_files_path, database_splits, db_name, find_database, is_shard_name,
                     shard_files, shard_path)
 from .keys import META_KEY, decode_key, encode_key, is_record_key
-from .meta import (EXTENT_DTYPE, FORMAT_NAME, FORMAT_VERSION, IMAGE_FORMATS, PLAIN_VERSION,
-                   EmptyDatabaseError, Meta, file_version, meta_extents, pack_meta, unpack_meta)
+from .meta import (DIGEST_BYTES, EXTENT_DTYPE, FORMAT_NAME, FORMAT_VERSION, IMAGE_FORMATS,
+                   PLAIN_VERSION, EmptyDatabaseError, Meta, digest_entry, file_version,
+                   meta_digests, meta_extents, pack_meta, unpack_meta)
 from .records import Record, pack_record, unpack_record
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "chain_checksum", "EMPTY_CHECKSUM", "CHECKSUM_ALGORITHM", "shard_path", "shard_files",
     "is_shard_name", "find_database", "db_name", "EXTENT_DTYPE", "meta_extents",
     "bad_files_path", "database_splits", "PLAIN_VERSION", "IMAGE_FORMATS", "file_version",
+    "DIGEST_BYTES", "digest_entry", "meta_digests",
 ]

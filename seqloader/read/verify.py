@@ -1,6 +1,7 @@
 """Check a database end to end: every record parses and decodes, checksums match."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from tqdm import tqdm
 
 from .database import close_env, open_database, open_env
 from ..format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
-from ..format.meta import EmptyDatabaseError, meta_extents
+from ..format.meta import DIGEST_BYTES, EmptyDatabaseError, meta_digests, meta_extents
 from ..format.keys import decode_key, encode_key, is_record_key
 from ..format.records import unpack_record
 from ..errors import FormatError
@@ -77,6 +78,29 @@ def _check(item: tuple[int, str, bytes, Any, int, str]) -> tuple[bytes, bytes, s
     return key, digest, None, rec.label
 
 
+def _digest_table(meta: Any, where: str, res: VerifyResult) -> bytes | None:
+    """The metadata's digest table (NOTE [ record digests ]), or None when it has none or
+    it cannot be this file's (then a problem in ``res``)."""
+    try:
+        return meta_digests(meta, where=where)
+    except FormatError as e:
+        res.problems.append(str(e))
+        return None
+
+
+def _digest_agrees(table: bytes | None, local: int, digest: bytes) -> bool:
+    """Whether record ``local``'s entry in ``table`` (None: no table) is ``digest``'s."""
+    return table is None or (table[local * DIGEST_BYTES:(local + 1) * DIGEST_BYTES]
+                             == digest[:DIGEST_BYTES])
+
+
+def _redigested(where: str, records: list[int]) -> str:
+    return (f"{where}: the metadata's digests of {len(records)} records (first: record "
+            f"{records[0]}) differ from the records' own; the records (then the checksum "
+            "differs too) or the metadata were damaged or modified after they were written: "
+            "re-copy the file, or re-create it with `seqloader preprocess`")
+
+
 def _holds(path: Path, offset: int, value: Any) -> bool:
     """Whether ``path`` holds ``value``'s bytes at ``offset``.  A record's extent may point
     at an identical older copy: records of ~2 KB or less share the first leaf page with
@@ -133,6 +157,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
             res.problems.append(str(e))
             ext = None
         misplaced: list[int] = []
+        table, redigested = _digest_table(meta, str(p), res), []
         # the metadata's copy of the labels (quality metrics and `info` read it, not the
         # records): it must agree with the records; the checksum covers only records
         meta_labels = np.frombuffer(meta.labels, "<i4") if meta.labels else None
@@ -164,6 +189,8 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                         if (meta_labels is not None and label >= 0
                                 and (local >= len(meta_labels) or meta_labels[local] != label)):
                             relabelled.append(local)
+                        if not _digest_agrees(table, local, digest):
+                            redigested.append(local)
                         if local != expect:
                             res.problems.append(f"{p}: record key {local} where {expect} was expected")
                             expect = local
@@ -188,6 +215,8 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
                 f"{p}: the metadata's labels of {len(relabelled)} records (first: record "
                 f"{relabelled[0]}) differ from the records' own; the metadata was damaged or "
                 "modified after it was written: re-create the file with `seqloader preprocess`")
+        if redigested:
+            res.problems.append(_redigested(str(p), redigested))
         if expect != meta.num_records:
             res.problems.append(f"{p}: {expect} records found, metadata says {meta.num_records}")
         if checksum != meta.checksum:
@@ -206,7 +235,11 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
 
     res = VerifyResult(db.num_records)
     bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
-    reader = RangeReader(db)
+    # every record is checked below and reported, not raised at the first one that
+    # fails the check on arrival (NOTE [ records checked on arrival ])
+    remote = dataclasses.replace(db.remote, options=dataclasses.replace(db.remote.options,
+                                                                        verify=False))
+    reader = RangeReader(dataclasses.replace(db, remote=remote))
     try:
         for url, meta, offset in zip(db.paths, db.metas, db.offsets):
             meta_labels = np.frombuffer(meta.labels, "<i4") if meta.labels else None
@@ -214,14 +247,19 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
                       meta.checksum_algorithm)
                      for index, v in reader.read([(offset, offset + meta.num_records)]))
             checksum, relabelled = EMPTY_CHECKSUM, 0
+            table, redigested = _digest_table(meta, safe_url(url), res), []
             for key, digest, err, label in _map(items, workers):
                 local = decode_key(key)
+                if not _digest_agrees(table, local, digest):
+                    redigested.append(local)
                 if err:
                     res.bad.append((offset + local, err))
                 if meta_labels is not None and label >= 0 and meta_labels[local] != label:
                     relabelled += 1
                 checksum = chain_checksum(checksum, key, digest, meta.checksum_algorithm)
                 bar.update(1)
+            if redigested:
+                res.problems.append(_redigested(safe_url(url), redigested))
             if relabelled:
                 res.problems.append(f"{safe_url(url)}: the metadata's labels of {relabelled} "
                                     "records differ from the records' own; re-create the file")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -16,9 +15,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..version import __version__
-from ..read.database import Database, close_env, file_meta, open_env, read_meta
+from ..read.database import file_meta, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
-from ..format.meta import EXTENT_DTYPE, Meta, file_version, pack_meta
+from ..format.meta import DIGEST_BYTES, EXTENT_DTYPE, Meta, digest_entry, file_version, pack_meta
 from ..format.keys import META_KEY, encode_key
 from ..format.records import Record, pack_record
 from ..errors import FormatError, OutputExistsError
@@ -29,6 +28,7 @@ from ..dataflow.ordered import ordered_map
 from .scan import Scan
 from ..errors import BadImageError, WorkerDiedError
 
+from .committed import committed_records
 from .outfiles import (lock_file, lock_or_fail, read_regular, remove_db, report_path,
                     write_report)
 from .options import ShardResult, WriteOptions, what_differs, stored_name, stored_pixels
@@ -208,32 +208,6 @@ class ShardWriter:
             ext[small] = self._locate(env, [encode_key(int(i)) for i in small])
         return ext
 
-    def _committed_extents(self) -> list[np.ndarray]:
-        """Extents of the records an interrupted run of this command already committed to
-        ``self.partial`` (one sequential pass over them), or [] if there are none."""
-        from ..read.reader import RangeReader
-
-        if not self.partial.exists() or self.partial.stat().st_size == 0:  # (just created)
-            return []
-        env = open_env(self.partial, readahead=False)
-        try:
-            meta = read_meta(env, self.partial, require_complete=False)
-        except FormatError:
-            return []
-        finally:
-            close_env(env)
-        if meta.fingerprint != self.fingerprint or not meta.num_records:
-            return []
-        if self.opt.progress:  # (a walk of the B-tree's leaves, before the progress bar)
-            print(f"{self.partial.name}: resuming after {meta.num_records:,} records "
-                  f"({meta.image_bytes / 2**30:.2f} GiB); indexing them",
-                  file=sys.stderr, flush=True)
-        reader = RangeReader(Database((self.partial,), (meta,)))
-        try:
-            return [reader.extents([(0, meta.num_records)])]
-        finally:
-            reader.close()
-
     def run(self, start: int, stop: int) -> ShardResult:
         """Write (or finish writing) this shard from source positions [start, stop)."""
         try:
@@ -277,7 +251,9 @@ class ShardWriter:
         self._fd = lockf.fileno()
         env = None
         try:
-            self.extents: list[np.ndarray] | None = self._committed_extents()
+            done = committed_records(self.partial, self.fingerprint, progress=self.opt.progress)
+            self.extents: list[np.ndarray] | None = done.extents
+            self.digests = done.digests  # NOTE [ record digests ], [ resumed digests ]
             env = lmdb.open(str(self.partial), subdir=False, map_size=self.opt.initial_map_size,
                             readahead=False, meminit=False, max_dbs=0, lock=True)
             meta = self._load_or_start(env)
@@ -285,6 +261,9 @@ class ShardWriter:
             meta.complete = True
             meta.next_source = stop - start
             meta.labels = self._labels(start, stop, meta)
+            if len(self.digests) != meta.num_records * DIGEST_BYTES:  # pragma: no cover
+                raise AssertionError(f"{len(self.digests)} digest bytes, {meta.num_records} records")
+            meta.digests = bytes(self.digests)
             if self.extents is not None:
                 ext = np.concatenate(self.extents) if self.extents else np.empty(0, EXTENT_DTYPE)
                 if len(ext) != meta.num_records:  # pragma: no cover - invariant
@@ -357,6 +336,7 @@ class ShardWriter:
                     pending_bytes += len(value)
                     meta.checksum = chain_checksum(meta.checksum, key, digest,
                                                    meta.checksum_algorithm)
+                    self.digests += digest_entry(digest)
                     meta.num_records += 1
                     meta.image_bytes += len(value)
                     nbytes += len(value)

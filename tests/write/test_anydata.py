@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from conftest import assert_digests_match
 from seqloader import Loader, open_database, write_dataset
 from seqloader.dataflow.batch import batch_rng
 from seqloader.errors import FormatError
@@ -102,6 +103,7 @@ def test_any_targets_collate_like_default_collate(tmp_path):
     db = open_database(tmp_path, "train")
     assert db.metas[0].target_kind == "any" and db.metas[0].version == 3
     assert not verify_database(tmp_path, "train", progress=False).problems
+    assert_digests_match(db.paths[0])  # (NOTE [ record digests ])
     with Loader(tmp_path, "train", Compose([Resize(16), CenterCrop(16), ToTensor()]),
                 batch_size=8, num_workers=2) as ld:
         seen = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_extents_match, raw_items
+from conftest import assert_digests_match, assert_extents_match, raw_items
 from seqloader import WriteOptions, open_database, preprocess
 from seqloader.format.files import shard_path
 from seqloader.format.keys import META_KEY
@@ -112,9 +112,10 @@ def _assert_same_database(ref: Path, out: Path) -> None:
             [x for x in raw_items(b) if x[0] != META_KEY]
         ma, mb = open_database(a).metas[0], open_database(b).metas[0]
         for field in ("checksum", "num_records", "fingerprint", "labels", "bad_files",
-                      "next_source", "image_bytes"):
+                      "next_source", "image_bytes", "digests"):
             assert getattr(ma, field) == getattr(mb, field), field
         assert_extents_match(b)
+        assert_digests_match(b)  # (the first part recomputed by the re-run)
 
 
 @pytest.fixture(scope="module")

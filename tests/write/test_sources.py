@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import raw_items, read_records
+from conftest import assert_digests_match, raw_items, read_records
 from seqloader.read.database import open_database
 from seqloader.write.extshuffle import record_keys, write_source
 from seqloader.format.keys import META_KEY
@@ -86,6 +86,7 @@ def test_tar_of_tars_gives_imagefolder_classes_labels_and_paths(train_tar, lmdb_
     assert sorted(p for p, _ in rep.bad_files) == sorted(p for p, _ in
                                                          ref.metas[0].bad_files)
     assert not (out / "ILSVRC-train.lmdb.scratch").exists()
+    assert_digests_match(out / "ILSVRC-train.lmdb")  # (external shuffle, pass 2)
 
 
 def test_two_passes_workers_and_budget_do_not_change_the_order(train_tar, tmp_path):
@@ -145,6 +146,7 @@ def test_flat_val_tar_with_each_labels_format(synth_tree, train_tar, tmp_path, f
     ok = sorted((n, c) for n, c in rows)
     bad = {p for p, _ in db.metas[0].bad_files}
     assert got == [x for x in ok if x[0] not in bad]  # source (tar) order, unshuffled
+    assert_digests_match(out / "ILSVRC-val.lmdb")
 
 
 def test_flat_tar_image_without_label_is_named_label_without_image_warned(synth_tree, tmp_path):
@@ -290,8 +292,8 @@ def test_kill_in_either_pass_resumes_to_identical_records(train_tar, tmp_path, w
     assert [x for x in raw_items(out) if x[0] != META_KEY] == [
         x for x in raw_items(ref) if x[0] != META_KEY]
     ma, mb = open_database(ref).metas[0], open_database(out).metas[0]
-    assert (ma.checksum, ma.fingerprint, ma.bad_files) == (mb.checksum, mb.fingerprint,
-                                                           mb.bad_files)
+    assert (ma.checksum, ma.fingerprint, ma.bad_files, ma.digests) == (
+        mb.checksum, mb.fingerprint, mb.bad_files, mb.digests)
 
 
 def test_ctrl_c_in_pass_one_resumes(train_tar, tmp_path, monkeypatch):

@@ -79,6 +79,7 @@ def test_preprocess_to_s3_multipart_skip_on_rerun(moto, synth_tree, lmdb_dir, tm
                                                   small_parts):
     """Shards arrive complete (multipart), read back as a local write's records, the
     bad-files report beside its shard, staging emptied; a re-run uploads nothing."""
+    from seqloader.read.database import open_database
     from seqloader.read.remote import RemoteOptions
 
     url, staging = "s3://seqloader-up/sharded", tmp_path / "staging"
@@ -95,6 +96,9 @@ def test_preprocess_to_s3_multipart_skip_on_rerun(moto, synth_tree, lmdb_dir, tm
     opts = RemoteOptions(storage_options=moto.storage_options())
     for split in ("train", "val"):  # (the same records as the unsharded local write)
         assert _records(url, split, remote=opts) == _records(lmdb_dir, split)
+        # (each record checked against the uploaded digest table: NOTE [ record digests ])
+        assert all(len(m.digests) == 8 * m.num_records > 0
+                   for m in open_database(url, split, remote=opts).metas)
     body = moto.s3.get_object(Bucket="seqloader-up", Key=f"sharded/{reported[0]}")["Body"].read()
     assert set(body.splitlines()) <= set(
         (lmdb_dir / "ILSVRC-train.lmdb.bad-files.tsv").read_bytes().splitlines())

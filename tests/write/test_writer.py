@@ -12,8 +12,8 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from conftest import (assert_extents_match, raw_items, read_records, resident_fraction,
-                      skip_unless_pages_can_be_dropped)
+from conftest import (assert_digests_match, assert_extents_match, raw_items, read_records,
+                      resident_fraction, skip_unless_pages_can_be_dropped)
 from seqloader import BadImageError, WriteOptions, open_database, preprocess
 from seqloader.write.scan import scan_class_tree
 from seqloader.write.writer import write_split
@@ -21,7 +21,7 @@ from seqloader.cli import main as cli
 from seqloader.format.meta import PLAIN_VERSION
 from seqloader.format.keys import META_KEY, encode_key
 from seqloader.format.files import shard_path
-from seqloader.errors import IncompleteError
+from seqloader.errors import FormatError, IncompleteError
 from seqloader.write.prepare import decode_bgr
 from seqloader.write.writer import write_order
 
@@ -332,10 +332,12 @@ def test_interrupted_write_resumes_to_identical_database(synth_tree, tmp_path, s
         assert [x for x in a if x[0] != META_KEY] == [x for x in b if x[0] != META_KEY]
         ma, mb = (open_database(shard_path(d / "ILSVRC-train.lmdb", k, 2)).metas[0]
                   for d in (ref, out))
-        assert (ma.checksum, ma.num_records, ma.fingerprint) == (mb.checksum, mb.num_records,
-                                                                 mb.fingerprint)
-        # the resumed file's extents (the first part found by re-reading it) are right too
+        assert (ma.checksum, ma.num_records, ma.fingerprint, ma.digests) == (
+            mb.checksum, mb.num_records, mb.fingerprint, mb.digests)
+        # the resumed file's extents and digests (the first part found by re-reading it)
+        # are right too
         assert_extents_match(shard_path(out / "ILSVRC-train.lmdb", k, 2))
+        assert_digests_match(shard_path(out / "ILSVRC-train.lmdb", k, 2))
 
 
 KILLED_AFTER_RENAME = textwrap.dedent("""
@@ -445,6 +447,31 @@ def test_resume_says_what_it_reads_and_a_dead_worker_says_how_to_go_on(synth_tre
         _quiet(write_split, scan, tmp_path / "other" / "ILSVRC-val.lmdb", "val", _opts())
 
 
+def test_resume_refuses_committed_records_that_do_not_match_the_checksum(synth_tree, tmp_path):
+    """A resumed shard recomputes the digests of what was committed (NOTE [ resumed
+    digests ]) and chains them: a record damaged since (here: one byte of its image)
+    is refused, not completed with a wrong table and checksum."""
+    from seqloader.format.meta import meta_extents
+
+    scan = scan_class_tree(synth_tree.root / "val")
+    out = tmp_path / "ILSVRC-val.lmdb"
+    _quiet(write_split, scan, out, "val", _opts())
+    meta = open_database(out).metas[0]
+    off, n = meta_extents(meta, out.stat().st_size, where=str(out))[2].tolist()
+    partial = out.with_name(out.name + ".partial")
+    out.rename(partial)  # as if interrupted at its very end
+    with open(partial, "r+b") as f:
+        f.seek(off + n // 2)
+        byte = f.read(1)
+        f.seek(off + n // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(FormatError, match=r"ILSVRC-val.lmdb.partial: the records .* do not "
+                                          r"match its checksum.*--overwrite"):
+        _quiet(write_split, scan, out, "val", _opts())
+    _quiet(write_split, scan, out, "val", _opts(overwrite=True))
+    assert open_database(out).metas[0].digests == meta.digests
+
+
 def test_interrupt_hint_does_not_say_resume_with_overwrite(synth_tree, tmp_path, capsys,
                                                           monkeypatch):
     pre = sys.modules["seqloader.write.preprocess"]  # (the module; the package exports the function)
@@ -467,7 +494,7 @@ def test_info_and_verify_cli(lmdb_dir, tmp_path, capsys):
     assert info["complete"] and info["num_records"] > 0 and info["format_version"] == PLAIN_VERSION
     assert info["checksum_algorithm"] == "sha256"
     assert {"classes", "image_bytes", "checksums", "split"} <= set(info)
-    assert info["record_extents"] is True
+    assert info["record_extents"] is True and info["record_digests"] is True
     assert cli(["verify", str(lmdb_dir / "ILSVRC-val.lmdb"), "--no-progress"]) == 0
     # damage one record: verify must name it and fail
     import shutil
@@ -652,6 +679,37 @@ def test_verify_compares_the_metadata_labels_with_the_records(lmdb_dir, tmp_path
         res = verify_database(bad, workers=workers, progress=False)
         assert not res.bad and len(res.problems) == 1, res.problems
         assert "metadata's labels of 1 records (first: record 4) differ" in res.problems[0]
+
+
+def test_digest_table_round_trip_and_verify_checks_it(lmdb_dir, tmp_path):
+    """A local write stores each record's digest (NOTE [ record digests ]) and `seqloader
+    verify` passes; an entry or a table that does not match its records is a problem
+    (the records, and with them the checksum, unchanged)."""
+    import shutil
+
+    from seqloader.format.meta import pack_meta, unpack_meta
+    from seqloader.read.verify import verify_database
+
+    import re
+
+    for split in ("train", "val"):
+        assert_digests_match(lmdb_dir / f"ILSVRC-{split}.lmdb")
+        assert verify_database(lmdb_dir, split, progress=False).ok
+    for change, want in [(lambda d: d[:32] + bytes([d[32] ^ 1]) + d[33:],
+                          r"metadata's digests of 1 records \(first: record 4\) differ"),
+                         (lambda d: d[:-8], "record digests (.*) do not fit its")]:
+        bad = tmp_path / "bad.lmdb"
+        shutil.copy(lmdb_dir / "ILSVRC-train.lmdb", bad)
+        env = lmdb.open(str(bad), subdir=False, lock=False)
+        with env.begin(write=True) as txn:
+            meta = unpack_meta(txn.get(META_KEY), where=str(bad))
+            meta.digests = change(meta.digests)
+            txn.put(META_KEY, pack_meta(meta))
+        env.close()
+        for workers in (3, 1):
+            res = verify_database(bad, workers=workers, progress=False)
+            assert not res.bad and len(res.problems) == 1, res.problems
+            assert re.search(want, res.problems[0]), res.problems
 
 
 def test_a_failing_disk_is_named_with_the_fix(synth_tree, tmp_path, monkeypatch, capsys):

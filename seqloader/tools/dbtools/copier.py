@@ -12,8 +12,10 @@ written, checksum so far) in the metadata, completed in the last transaction, th
 renamed.  A crash leaves only ``.partial`` files, which nothing opens as a database;
 re-running the same command (same sources, same options: the fingerprint) resumes
 each unfinished shard after its last commit and skips finished ones.  A file of the
-split written by anything else is replaced only with ``overwrite``.  Record extents
-and labels are written on completion, as the writer writes them.
+split written by anything else is replaced only with ``overwrite``.  Record extents,
+labels and digests (NOTE [ record digests ]) are written on completion, as the writer
+writes them; a resumed shard's digests of the records an earlier run committed are
+recomputed from them (NOTE [ resumed digests ] in ``seqloader/write/committed.py``).
 """
 from __future__ import annotations
 
@@ -36,9 +38,10 @@ from ...errors import OutputExistsError
 from ...format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
 from ...format.files import db_name, shard_files, shard_path
 from ...format.keys import META_KEY, encode_key
-from ...format.meta import EXTENT_DTYPE, Meta, file_version, pack_meta
+from ...format.meta import EXTENT_DTYPE, Meta, digest_entry, file_version, pack_meta
 from ...read.database import file_meta
 from ...read.pages import PAGE, address, map_base, unmap
+from ...write.committed import committed_records
 
 __all__ = ["CopyPlan", "write_copy", "relabel", "output_file", "split_outputs"]
 
@@ -150,7 +153,7 @@ class _ShardCopy:
             checksum_algorithm=CHECKSUM_ALGORITHM, fingerprint=p.fingerprint, shard=self.shard,
             num_shards=p.shards, image_bytes=0, shuffled=p.shuffled, seed=p.seed,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(), writer=writer,
-            labels=b"", extents=b"", next_source=0,
+            labels=b"", extents=b"", digests=b"", next_source=0,
             # the source's skipped files, counted once per split (in its first shard)
             bad_files=list(t.bad_files) if self.shard == 0 else [],
             warned_files=list(t.warned_files) if self.shard == 0 else [],
@@ -165,6 +168,10 @@ class _ShardCopy:
         if meta is None:
             self.partial.unlink(missing_ok=True)
             meta = self._start_meta()
+            self.digests = bytearray()
+        else:  # (before this process opens the file for writing)
+            self.digests = committed_records(self.partial, self.plan.fingerprint,
+                                             progress=False).digests
         env = lmdb.open(str(self.partial), subdir=False, map_size=1 << 30, readahead=False,
                         meminit=False, max_dbs=0, lock=True)
         # extents as records are committed (a resumed file: by a walk at the end)
@@ -185,6 +192,7 @@ class _ShardCopy:
             if self.plan.labels is not None:
                 meta.labels = self.plan.labels[start:stop].astype("<i4").tobytes()
             meta.extents = self._final_extents(env, meta.num_records)
+            meta.digests = bytes(self.digests)
             meta.complete = True
             self._commit(env, [], meta)
         finally:
@@ -219,7 +227,9 @@ class _ShardCopy:
         try:
             for value in values:
                 key = encode_key(meta.num_records)
-                meta.checksum = chain_checksum(meta.checksum, key, record_digest(value))
+                digest = record_digest(value)
+                meta.checksum = chain_checksum(meta.checksum, key, digest)
+                self.digests += digest_entry(digest)
                 meta.num_records += 1
                 meta.image_bytes += len(value)
                 pending.append((key, value))

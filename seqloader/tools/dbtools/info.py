@@ -111,6 +111,7 @@ def describe(path: str | Path, split: str | None = None) -> dict[str, Any]:
         "bad_files": sum(len(m.bad_files) for m in db.metas),
         "warned_files": sum(len(m.warned_files) for m in db.metas),
         "created": m0.created, "record_extents": all(bool(m.extents) for m in db.metas),
+        "record_digests": all(bool(m.digests) or not m.num_records for m in db.metas),
         "writer": m0.writer,
         "restart_markers": None if scan is None else ("index" if scan.index != (0, 0) else "markers"),
         "empty": empty_reason(db) if db.num_records == 0 else None,
@@ -180,7 +181,11 @@ def format_info(info: dict[str, Any]) -> str:
         f"  written with: {_writer_options(info['writer'])}",
         "  record extents: " + ("yes (read without B-tree lookups)" if info["record_extents"]
                                 else "no (an older writer: records are found through the "
-                                     "B-tree; re-create the file to get them)")]
+                                     "B-tree; re-create the file to get them)"),
+        "  record digests: " + ("yes (each record read over the network is checked)"
+                                if info["record_digests"] else
+                                "no (an older writer: records read over the network get "
+                                "lighter checks; re-create the file to get them)")]
     if info["restart_markers"]:
         lines.append("  restart markers (first record): " + (
             "yes, with a restart index" if info["restart_markers"] == "index" else

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_extents_match, read_records
+from conftest import assert_digests_match, assert_extents_match, read_records
 from seqloader.cli import main as cli
 from seqloader.read.database import open_database
 from seqloader.tools.dbtools import merge, reshard, subset
@@ -48,6 +48,8 @@ def test_reshard_to_m_then_back_gives_identical_records(lmdb_dir, tmp_path):
         assert verify_database(d, "train", workers=1, progress=False).ok
     for p in (*db3.paths, back):
         assert_extents_match(p)  # taken at each commit, as the writer takes them
+        assert_digests_match(p)
+    assert b.metas[0].digests == a.metas[0].digests
 
 
 def test_shard_ids_write_one_range_each_and_rerun_skips_finished(lmdb_dir, tmp_path):
@@ -108,6 +110,8 @@ def test_a_crash_leaves_no_database_and_a_rerun_resumes(lmdb_dir, tmp_path):
     stream.close()
     assert asked == [10]  # resumed after the 10 committed records
     assert values(out / "ILSVRC-train.lmdb") == values(lmdb_dir / "ILSVRC-train.lmdb")
+    # the first 10 digests recomputed from the committed records (NOTE [ resumed digests ])
+    assert open_database(out, "train").metas[0].digests == db.metas[0].digests
     assert verify_database(out, "train", workers=1, progress=False).ok
 
 

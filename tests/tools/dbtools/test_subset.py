@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import read_records
+from conftest import assert_digests_match, read_records
 from seqloader.cli import main as cli
 from seqloader.read.database import open_database
 from seqloader.tools.dbtools.subset import select, subset
@@ -57,6 +57,7 @@ def test_subset_renumbers_and_writes_the_class_map(lmdb_dir, tmp_path):
         src = {r.image: r.label for _, r in read_records(open_database(lmdb_dir, split).paths[0])}
         assert all({0: 1, 1: 3}[r.label] == src[r.image] for r in recs)
         assert verify_database(tmp_path / "s", split, workers=1, progress=False).ok
+        assert_digests_match(db.paths[0])  # (of the relabelled records)
     assert (tmp_path / "s" / "ILSVRC-train.classes.tsv").read_text().splitlines() == [
         "label\tsource_label\tclass", f"0\t1\t{full.classes[1]}", f"1\t3\t{full.classes[3]}"]
 
