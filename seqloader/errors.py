@@ -77,6 +77,11 @@ class OutputExistsError(SeqloaderError, FileExistsError):
     (``--overwrite``, the same command as before, or another output)."""
 
 
+class OutputError(SeqloaderError, OSError):
+    """An output cannot be created where it was asked (a missing, read-only or special
+    folder).  The message names the path, the system's reason and what to give instead."""
+
+
 class NoRecordsError(SeqloaderError, ValueError):
     """Not one source image of a split could be stored (all undecodable or unreadable):
     no database is left, only its bad-files report."""

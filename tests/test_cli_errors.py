@@ -25,3 +25,22 @@ def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
     _fail_with(monkeypatch, KeyError("internal"))
     with pytest.raises(KeyError):
         cli.main(["preprocess", str(tmp_path), str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize("verify", [[], ["--no-verify"]])
+def test_a_clean_run_leaves_nothing_on_stderr(tmp_path, verify):
+    """No ``ResourceWarning: unclosed file`` at exit (the decoders' scratch file, kept
+    for the process's life, was left to the garbage collector with --no-verify)."""
+    import subprocess
+    import sys
+
+    from seqloader.tools.synth import make_synthetic_imagenet
+
+    make_synthetic_imagenet(tmp_path / "tree", classes=2, per_class=3, val_per_class=0,
+                            size="small", progress=False)
+    p = subprocess.run([sys.executable, "-W", "error::ResourceWarning", "-m", "seqloader",
+                        "preprocess", str(tmp_path / "tree"), str(tmp_path / "out"),
+                        "--no-progress", "--workers", "1", *verify],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""

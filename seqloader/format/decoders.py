@@ -20,6 +20,7 @@ PIL's warnings are Python warnings: recorded the same way, under the same lock.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import re
@@ -57,8 +58,18 @@ class Captured:
 def _scratch():
     f = _SCRATCH.get(os.getpid())
     if f is None:
+        if not _SCRATCH:
+            atexit.register(_close_scratch)
         f = _SCRATCH[os.getpid()] = tempfile.TemporaryFile()
     return f
+
+
+def _close_scratch() -> None:
+    """At exit: the scratch files are kept open for the process's life (one per process,
+    reused by every capture); closed here so that none is left to the garbage collector
+    (``ResourceWarning: unclosed file``).  A forked child closes its copies too."""
+    while _SCRATCH:
+        _SCRATCH.popitem()[1].close()
 
 
 @contextmanager

@@ -6,7 +6,11 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+import lmdb
+
 from .imagetree import image_tree_hint
+from .keys import META_KEY
+from .meta import unpack_meta
 from ..errors import FormatError, NotFoundError
 
 __all__ = ["db_name", "bad_files_path", "shard_path", "shard_files", "is_shard_name",
@@ -106,7 +110,7 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
                 raise NotFoundError(
                     f"split {split!r} in {p} is still being written or was interrupted: "
                     f"{unfinished[0]}{' ...' if len(unfinished) > 1 else ''}; re-run the same "
-                    "preprocess_sequential.py command to finish it")
+                    f"{unfinished_writer(p / unfinished[0])} command to finish it")
             raise NotFoundError(_not_found(p, split))
         return _check_shard_set(shards)
     if p.is_dir():
@@ -116,7 +120,7 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
             raise NotFoundError(
                 f"{p} holds no complete database, only unfinished writes: {unfinished[0]}"
                 f"{' ...' if len(unfinished) > 1 else ''}; re-run the same "
-                "preprocess_sequential.py command to finish them")
+                f"{unfinished_writer(p / unfinished[0])} command to finish them")
         if not splits:
             raise NotFoundError(_not_found(p, None))
         raise NotFoundError(f"{p} is a folder holding the split(s) {', '.join(splits)}; "
@@ -142,3 +146,21 @@ def _check_shard_set(shards: Sequence[Path]) -> list[Path]:
         raise FormatError(f"{shards[0].parent}: shard(s) {missing} of {n} are missing "
                           f"(found {sorted(have)}); copy or (re)write them before reading")
     return list(shards)
+
+
+def unfinished_writer(partial: Path) -> str:
+    """The command that writes the unfinished file ``partial``, for messages: a dataset
+    tool's (``seqloader reshard`` ...) from its committed metadata (``writer["tool"]``),
+    else the preprocessing command."""
+    default = "preprocess_sequential.py"
+    try:
+        env = lmdb.open(str(partial), subdir=False, readonly=True, lock=False, max_dbs=0)
+        try:
+            with env.begin() as txn:
+                value = txn.get(META_KEY)
+        finally:
+            env.close()
+        tool = (unpack_meta(value, where=str(partial), require_complete=False).writer or {}).get("tool")
+    except Exception:  # (no metadata committed yet, or not ours: the default names it)
+        return default
+    return f"seqloader {tool['command']}" if isinstance(tool, dict) and tool.get("command") else default

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..format.imagetree import is_image_file
-from .scan import read_label_lines, is_header
+from .scan import read_label_lines, is_header, labels_file_exists
 
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
                       clean_name, open_archive, read_member, tar_stem, tar_at)
-from ..errors import NotFoundError
 from .tarwalk import STREAM_ERRORS, Walk
 
 __all__ = ["TarSource", "TreeTar", "TarOfTars", "FlatTar", "WebDataset"]
@@ -96,7 +95,9 @@ class TreeTar(TarSource):
         strip = None
         folders: list[list[str]] = []  # folder members seen before ``strip`` is known
         for m in walk.members(tf):
-            name = clean_name(m.name).rstrip("/")
+            name = clean_name(m.name)
+            if not name:  # the archive's root entry (``./``)
+                continue
             parts = name.split("/")
             if m.isdir():  # a class folder, even an empty one (as in the extracted tree)
                 folders.append(parts)
@@ -155,8 +156,12 @@ class TarOfTars(TarSource):
             tf = tar_at(inner, start, inner_where)
             walk = self._walk_of(inner_where)
             for im in walk.members(tf):
-                name = clean_name(im.name).rsplit("/", 1)[-1]
-                if im.isfile() and is_image_file(name):
+                # (the path inside the class folder, as extracting the inner tar there
+                # makes it; hidden folders skipped, as the tree's scan skips them)
+                name = clean_name(im.name)
+                parts = name.split("/")
+                if im.isfile() and is_image_file(parts[-1]) and not any(
+                        p.startswith(".") for p in parts[:-1]):
                     yield (self._item(f"{cls}/{name}", cls, tf, im, walk, base),
                            [m.offset, tf.offset])
             self._walk = outer_walk
@@ -174,20 +179,38 @@ class FlatTar(TarSource):
     def __init__(self, files, labels_file: str | Path, *, classes=None):
         super().__init__(files, classes=classes)
         self.labels_file = Path(labels_file)
-        if not self.labels_file.is_file():
-            raise NotFoundError(f"labels file {self.labels_file} does not exist")
+        labels_file_exists(self.labels_file)
         rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
             TAR_SUFFIXES) else read_label_lines(self.labels_file))
         if rows and is_header(rows[0][1], rows[0][2]):
             rows = rows[1:]  # a header such as "ImageId,PredictionString"
         self.label_of: dict[str, int | str] = {}
+        self._line_of: dict[str, int] = {}
         for lineno, name, tok in rows:
             label: int | str = int(tok) if tok.isdigit() and not (
                 classes is not None and tok in classes) else tok
             old = self.label_of.setdefault(name, label)
+            self._line_of.setdefault(name, lineno)
             if old != label:
                 raise ValueError(f"{self.labels_file}:{lineno}: {name} is labelled twice, "
                                  "differently")
+        self.check_labels()
+
+    def check_labels(self) -> None:
+        """Every label names one of :attr:`classes` or is an index below their count (when
+        the class list is known: the train split's): checked in full before any split is
+        written, not after train's hours."""
+        if self.classes is None:
+            return
+        known, n = set(self.classes), len(self.classes)
+        for name, label in self.label_of.items():
+            if label in known or (isinstance(label, int) and label < n):
+                continue
+            raise ValueError(
+                f"{self.labels_file}:{self._line_of[name]}: {name}'s class {str(label)!r} is "
+                f"not one of the {n} classes of the train split (or --class-names), e.g. "
+                f"{self.classes[:3]}, nor a label index below {n}; fix the line, or give the "
+                "labels file of these archives (and the train split they belong to)")
 
     def check_names(self, names: Sequence[str]) -> None:
         """Warn about labels whose image was not in the archive (all records read)."""

@@ -38,7 +38,7 @@ import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import msgpack
 import numpy as np
@@ -202,8 +202,10 @@ def _resolve_labels(raw: list, seen: list[str], source: Source) -> tuple[list[st
         if lab is None or not 0 <= lab < len(classes):
             raise ValueError(f"{source.files[0]}: label {x!r} is not one of the {len(classes)} "
                              f"classes (e.g. {classes[:3]}) nor an index below {len(classes)}; "
-                             "preprocess train in the same run so its classes are known, or "
-                             "fix the labels")
+                             + ("these are the train split's classes: fix the labels, or give "
+                                "the right source" if source.classes is not None else
+                                "preprocess train in the same run so its classes are known, or "
+                                "fix the labels"))
         out[i] = lab
     return classes, out
 
@@ -227,12 +229,17 @@ def _bits_for(source: Source, opt: WriteOptions, budget: int) -> tuple[int, bool
 
 def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions, *,
                  memory_budget: int = DEFAULT_MEMORY_BUDGET,
-                 scratch: str | Path | None = None) -> tuple[WriteReport, list[str]]:
+                 scratch: str | Path | None = None,
+                 on_classes: Callable[[list[str]], None] | None = None
+                 ) -> tuple[WriteReport, list[str]]:
     """Write ``source`` to ``out`` (as :func:`~seqloader.writer.write_split` does) in the
     order of NOTE [ external shuffle ], holding at most about ``memory_budget`` bytes of
     records; returns the report and the class list.  ``scratch`` (default:
     ``<out>.scratch`` beside ``out``) holds pass 1's buckets and is removed at the end.
-    Resumable after an interruption in either pass (NOTE [ pass-1 resume ])."""
+    Resumable after an interruption in either pass (NOTE [ pass-1 resume ]).
+    ``on_classes(classes)`` is called once the class list is known (after pass 1), before
+    anything is written: another split's labels are checked against it there, and an
+    error it raises leaves no database (pass 1's scratch stays, to be resumed)."""
     out = Path(out)
     if memory_budget <= 0:
         raise ValueError(f"memory budget must be a positive number of bytes, got {memory_budget}")
@@ -243,6 +250,8 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
     done = None if (scratch / "state.json").exists() else _already_written(out, split, opt,
                                                                              digest)
     if done is not None:
+        if on_classes is not None:
+            on_classes(done[1])
         return done
     bits, in_memory = _bits_for(source, opt, memory_budget)
     p1 = _Pass1(source, split, opt, bits, None if in_memory else scratch)
@@ -265,6 +274,8 @@ def write_source(source: Source, out: str | Path, split: str, opt: WriteOptions,
         classes, labels = _resolve_labels([r[1] for r in raw], st["classes"], source)
         if split == "train" and len(classes) == 1 and names:
             warn_single_class(split, classes[0], names[0], source.root_label())
+        if on_classes is not None:
+            on_classes(classes)
         present = set(labels.tolist())
         empty = [c for i, c in enumerate(classes) if i not in present]
         if empty:  # (as the folder tree's scan says)

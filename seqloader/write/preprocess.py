@@ -166,19 +166,23 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     opened = {s: open_source(by_split[s], split=s,
                              labels_file=val_labels if s != "train" else None,
                              classes=train_classes) for s in order}
+
+    def with_train_classes(classes: list[str]) -> None:
+        """Train's classes are known (after its first pass, before it is written): the other
+        splits' sources reopened so their labels index them, a labels file checked in full."""
+        for s in order:
+            if s != "train" and class_names is None:
+                opened[s] = open_source(by_split[s], split=s, labels_file=val_labels,
+                                        classes=classes)
+
     reports = []
     for s in order:
-        src = opened[s]
-        if s != "train" and class_names is None and train_classes is not None:
-            src = open_source(by_split[s], split=s, labels_file=val_labels,
-                              classes=train_classes)  # (labels index train's classes)
         split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(s, opt.shuffle)})
         out.mkdir(parents=True, exist_ok=True)
-        report, classes = write_source(
-            src, out / f"{db_name(s)}.lmdb", s, split_opt,
+        report, _ = write_source(
+            opened[s], out / f"{db_name(s)}.lmdb", s, split_opt,
             memory_budget=memory_budget or DEFAULT_MEMORY_BUDGET,
-            scratch=None if scratch is None else Path(scratch) / f"{db_name(s)}.scratch")
-        if s == "train":
-            train_classes = classes
+            scratch=None if scratch is None else Path(scratch) / f"{db_name(s)}.scratch",
+            on_classes=with_train_classes if s == "train" else None)
         reports.append(report)
     return reports

@@ -27,7 +27,7 @@ from ..errors import NotFoundError
 from ..format.imagetree import is_image_file
 
 __all__ = ["Scan", "scan_class_tree", "scan_labelled_folder",
-           "read_label_lines", "is_header", "warn_single_class"]
+           "read_label_lines", "is_header", "warn_single_class", "labels_file_exists"]
 
 def _unreadable_folder(err: OSError) -> None:
     """os.walk skips a folder it cannot list: its images would silently be missing."""
@@ -156,6 +156,19 @@ def warn_single_class(split: str, cls: str, example: str, where: str | Path) -> 
                   stacklevel=3)
 
 
+def labels_file_exists(labels_file: Path) -> None:
+    """:class:`~seqloader.errors.NotFoundError` unless ``labels_file`` is a file, saying
+    what file is expected (a folder is not one)."""
+    if labels_file.is_dir():
+        raise NotFoundError(
+            f"labels file {labels_file} is a directory; give the file in it that labels the "
+            "val images: 'filename class' lines (e.g. ILSVRC2012_val_00000001.JPEG n01751748), "
+            "a CSV such as Kaggle's LOC_val_solution.csv, or the devkit "
+            "ILSVRC2012_devkit_t12.tar.gz")
+    if not labels_file.is_file():
+        raise NotFoundError(f"labels file {labels_file} does not exist")
+
+
 def read_label_lines(labels_file: Path) -> list[tuple[int, str, str]]:
     """(line number, file name, class token) for each data line of a labels file (UTF-8,
     with or without a byte-order mark)."""
@@ -195,8 +208,7 @@ def scan_labelled_folder(root: str | Path, labels_file: str | Path,
     root, labels_file = Path(root), Path(labels_file)
     if not root.is_dir():
         raise NotFoundError(f"split folder {root} does not exist or is not a folder")
-    if not labels_file.is_file():
-        raise NotFoundError(f"labels file {labels_file} does not exist")
+    labels_file_exists(labels_file)
     files = sorted(f for f in os.listdir(root) if is_image_file(f) and (root / f).is_file())
     by_name = {f: f for f in files}
     by_stem: dict[str, str] = {}

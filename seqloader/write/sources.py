@@ -198,9 +198,12 @@ def read_member(tf: tarfile.TarFile, m: tarfile.TarInfo, walk: Walk) -> bytes:
 
 
 def clean_name(name: str) -> str:
-    while name.startswith("./"):
-        name = name[2:]
-    return name
+    """A member's path as extraction creates it, so that a tar made with ``tar -C dir .``
+    (``./class/x.JPEG``, and a ``./`` entry for ``dir`` itself) gives the same classes as
+    the extracted tree: no leading ``/``, no ``.`` or empty parts (``a/./b``, ``a//b`` are
+    ``a/b``); ``""`` for the archive's own root entry (``.``, ``./``), which is no class.
+    (Names with ``..`` are refused by :class:`~.tarwalk.Walk`.)"""
+    return "/".join(p for p in name.split("/") if p not in ("", "."))
 
 
 def tar_stem(name: str) -> str:

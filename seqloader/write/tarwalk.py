@@ -60,6 +60,11 @@ class Walk:
                 return
             tf.members.clear()
             self.last = m.name
+            if ".." in m.name.split("/"):
+                raise FormatError(
+                    f"{self.where}: member {m.name} has a '..' in its path (extraction refuses "
+                    "it: it would be written outside the folder); rebuild the archive with "
+                    "paths relative to its top folder (tar -C DIR .)")
             if (m.islnk() or m.issym()) and not m.name.rsplit("/", 1)[-1].startswith("."):
                 raise LinkError(
                     f"{self.where}: member {m.name} is a {'hard' if m.islnk() else 'symbolic'} "

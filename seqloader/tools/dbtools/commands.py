@@ -36,8 +36,10 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True, out: bool = True)
 
 def _report(reports: list) -> int:
     for r in reports:
-        print(f"{r.split}: {r.num_records} records, {len(r.classes)} classes in "
-              f"{len(r.paths)} file(s)")
+        of = f" (of the split's {r.num_records})" if r.written != r.num_records else ""
+        what = (f"{len(r.classes)} classes" if r.target_kind == "class"
+                else f"{r.target_kind} targets")
+        print(f"{r.split}: {r.written} records{of}, {what} in {len(r.paths)} file(s)")
         for p in r.paths:
             print(f"  {p}")
     return 0
@@ -74,7 +76,7 @@ def _run_export(a: argparse.Namespace) -> int:
     for r in export(a.path, a.out, to=a.format, split=a.split, targets=a.targets,
                     shard_bytes=a.shard_size, overwrite=a.overwrite, progress=not a.no_progress):
         print(f"{r.split}: {r.num_records} records, {r.bytes / 2**20:.1f} MiB of images in "
-              f"{r.files} file(s)")
+              f"{r.files} file(s){' (already complete)' if r.already else ''}")
     print(f"  {a.out}")
     return 0
 

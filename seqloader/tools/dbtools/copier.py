@@ -95,10 +95,16 @@ def _check_layout(plan: CopyPlan, folder: Path, overwrite: bool) -> None:
     ours = {shard_path(output_file(folder, plan.split), k, plan.shards) for k in range(plan.shards)}
     for p in split_outputs(folder, plan.split):
         final = p.with_name(p.name[:-len(".partial")]) if p.name.endswith(".partial") else p
-        if final != p and p.stat().st_size == 0:  # (created, then killed before a commit)
-            p.unlink()
-            continue
         meta = file_meta(p) if p.stat().st_size else None
+        if final != p and meta is None:
+            # NOTE [ unclaimed partial files ]: a ``.partial`` without committed metadata
+            # (created, then killed before its first commit: its pages may be written,
+            # its meta page not) holds nothing of anyone's -- ours to restart, unless a
+            # process is writing it right now (it holds the file's lock).
+            if not _busy(p):
+                p.unlink()
+                p.with_name(p.name + "-lock").unlink(missing_ok=True)
+            continue
         if final in ours and meta is not None and meta.fingerprint == plan.fingerprint:
             continue  # this command's (finished, or to resume)
         if not overwrite:
@@ -106,6 +112,18 @@ def _check_layout(plan: CopyPlan, folder: Path, overwrite: bool) -> None:
                                   "pass --overwrite to replace it, or choose another output folder")
         p.unlink()
         p.with_name(p.name + "-lock").unlink(missing_ok=True)
+
+
+def _busy(path: Path) -> bool:
+    """Whether a writer holds ``path``'s lock (:meth:`_ShardCopy.run` takes it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def write_copy(plan: CopyPlan, values: Values, folder: str | Path, *, overwrite: bool = False,

@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from ...errors import FormatError, OutputExistsError
+from ...errors import FormatError, OutputError, OutputExistsError
 from ...format.records import IMAGE_HEAD, Record, image_span, unpack_record
 from ...format.targets import decode_target
 from ...read.database import Database, open_database
@@ -38,10 +38,22 @@ from .reshard import database_splits_at
 from .stream import RecordStream, Selection
 
 __all__ = ["export", "ExportReport", "EXPORT_FORMATS", "tree_name", "stored_record",
-           "DEFAULT_SHARD_BYTES"]
+           "DEFAULT_SHARD_BYTES", "MARKER"]
 
 EXPORT_FORMATS = ("tree", "webdataset")
 DEFAULT_SHARD_BYTES = 1 << 30
+
+
+#: The file in an export's folder that records what it holds (NOTE [ export identity ]).
+MARKER = ".seqloader-export.json"
+
+# NOTE [ export identity ]
+# A finished export holds MARKER: the identity of what was exported (each source file's
+# fingerprint and checksum, the splits, the format, targets and shard size) and its
+# reports.  Re-running the same export finds the same identity and reports "already
+# complete" (as reshard, subset and merge skip finished files); a different one is
+# refused without --overwrite.  It is a dot file at the top of the folder, beside the
+# split folders or tar shards, where neither preprocess nor webdataset looks.
 
 
 @dataclass
@@ -50,6 +62,25 @@ class ExportReport:
     num_records: int
     files: int
     bytes: int
+    #: True when a finished export of the same identity was found (nothing written)
+    already: bool = False
+
+
+def _identity(dbs: list[Database], to: str, targets: str, shard_bytes: int) -> dict:
+    return {"sources": [[db.split, [[m.fingerprint, m.checksum] for m in db.metas]]
+                        for db in dbs],
+            "format": to, "targets": targets, "shard_bytes": shard_bytes}
+
+
+def _finished(out: Path, identity: dict) -> list[ExportReport] | None:
+    """The reports of the finished export at ``out`` if it has ``identity``."""
+    try:
+        doc = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("identity") != identity:
+        return None
+    return [ExportReport(**r, already=True) for r in doc.get("reports", [])]
 
 
 def tree_name(rec: Record, index: int, split: str, class_name: str, ext: str = ".jpg") -> str:
@@ -209,15 +240,26 @@ def export(path: str | Path, out: str | Path, *, to: str = "tree", split: str | 
     if shard_bytes <= 0:
         raise ValueError(f"--shard-size must be positive, got {shard_bytes}")
     out = Path(out)
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
-        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it, or "
-                              "choose another output folder")
     dbs = [open_database(path, s) for s in database_splits_at(path, split)]
+    identity = _identity(dbs, to, targets, shard_bytes)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
+        done = _finished(out, identity) if out.is_dir() else None
+        if done is not None:
+            return done
+        raise OutputExistsError(f"{out} already exists and is not this export's output; pass "
+                                "--overwrite to replace it, or choose another output folder")
     staging = out.with_name(out.name + ".partial")
-    if staging.exists():  # an interrupted export's: redone
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    try:
+        if staging.exists():  # an interrupted export's: redone
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the export's folder {staging} ({e.strerror}); name "
+                          "an output folder in a place you can write to") from None
     reports = [_export_split(db, staging, to, targets, shard_bytes, progress) for db in dbs]
+    (staging / MARKER).write_text(json.dumps(
+        {"identity": identity,
+         "reports": [{k: v for k, v in vars(r).items() if k != "already"} for r in reports]}))
     os.sync()  # (the files' data on disk before the rename publishes them)
     if out.exists():
         shutil.rmtree(out) if out.is_dir() else out.unlink()

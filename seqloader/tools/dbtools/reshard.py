@@ -24,12 +24,15 @@ DEFAULT_MEMORY_BUDGET = 4 << 30
 
 @dataclass
 class CopyReport:
-    """What a tool wrote for one split: its shard files (this call's), records, bytes."""
+    """What a tool wrote for one split: its shard files (this call's), the split's
+    records (``num_records``) and those in this call's files (``written``)."""
 
     split: str
     paths: list[Path] = field(default_factory=list)
     num_records: int = 0
     classes: list[str] = field(default_factory=list)
+    written: int = 0
+    target_kind: str = "class"
 
 
 def database_splits_at(path: str | Path, split: str | None) -> list[str | None]:
@@ -112,7 +115,9 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
         if shuffler is not None:
             shuffler.close()
         stream.close()
-    return CopyReport(split, paths, n, list(classes))
+    ids = range(shards) if shard_ids is None else shard_ids
+    written = sum(round((k + 1) * n / shards) - round(k * n / shards) for k in set(ids))
+    return CopyReport(split, paths, n, list(classes), written, first.target_kind)
 
 
 def reshard(path: str | Path, out: str | Path, *, split: str | None = None, shards: int = 1,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -24,7 +25,7 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-from ...errors import OutputExistsError
+from ...errors import NotFoundError, OutputExistsError
 from ...format.jpeg import jpeg_info
 from ...format.records import Record, unpack_record
 from ...read.database import Database, open_database
@@ -32,8 +33,8 @@ from ...read.reader import RangeReader
 from .stream import runs
 from .subset import class_ids
 
-__all__ = ["show", "pick_records", "record_view", "fit_tile", "contact_sheet", "TileInfo",
-           "TEXT_KEY"]
+__all__ = ["show", "pick_records", "record_view", "fit_tile", "contact_sheet", "drawable", "title_lines",
+           "TileInfo", "TEXT_KEY"]
 
 #: The PNG text chunk that holds the sheet's layout (NOTE [ contact sheet ]).
 TEXT_KEY = "seqloader-show"
@@ -116,12 +117,37 @@ def _font(px: int):
         return ImageFont.load_default()
 
 
+def drawable(text: str) -> str:
+    """``text`` in the characters the sheet's font surely has (ASCII): accents dropped
+    where Unicode decomposes a letter (é -> e), anything else shown as '?' rather than
+    as an empty box."""
+    out = []
+    for ch in unicodedata.normalize("NFKD", text):
+        if ch.isascii() and (ch.isprintable() or ch == " "):
+            out.append(ch)
+        elif not unicodedata.combining(ch):
+            out.append("?")
+    return "".join(out)
+
+
 def _cut(draw, text: str, font, width: int) -> str:
+    text = drawable(text)
     if draw.textlength(text, font=font) <= width:
         return text
-    while text and draw.textlength(text + "…", font=font) > width:
+    while text and draw.textlength(text + "...", font=font) > width:
         text = text[:-1]
-    return text + "…"
+    return text + "..."
+
+
+def title_lines(draw, title: str, font, width: int) -> list[str]:
+    """``title`` (parts joined by " | ") in as many lines as it needs to fit ``width``."""
+    lines: list[str] = []
+    for part in drawable(title).split(" | "):
+        if lines and draw.textlength(lines[-1] + " | " + part, font=font) <= width:
+            lines[-1] += " | " + part
+        else:
+            lines.append(_cut(draw, part, font, width))
+    return lines
 
 
 def contact_sheet(images: Sequence[np.ndarray], infos: Sequence[TileInfo], *, tile: int = 224,
@@ -131,20 +157,23 @@ def contact_sheet(images: Sequence[np.ndarray], infos: Sequence[TileInfo], *, ti
     from PIL import Image, ImageDraw
 
     n = len(images)
+    if columns is not None and columns < 1:
+        raise ValueError(f"--columns {columns}: give at least 1 tile per row")
     cols = columns or max(1, math.ceil(math.sqrt(n * 1.0)))
     rows = math.ceil(n / cols)
     fs = max(11, tile // 14)
     font, small = _font(fs), _font(max(10, fs - 2))
     margin, gap, pad = max(12, tile // 16), max(8, tile // 24), max(4, tile // 40)
     cap = 2 * (fs + pad) + pad
-    title_h = fs + 2 * pad + margin // 2 if title else 0
     width = 2 * margin + cols * tile + (cols - 1) * gap
+    titles = title_lines(ImageDraw.Draw(Image.new("RGB", (1, 1))), title, font,
+                          width - 2 * margin) if title else []
+    title_h = len(titles) * (fs + pad) + pad + margin // 2 if titles else 0
     height = 2 * margin + title_h + rows * (tile + cap) + (rows - 1) * gap
     sheet = Image.new("RGB", (width, height), _BG)
     draw = ImageDraw.Draw(sheet)
-    if title:
-        draw.text((margin, margin), _cut(draw, title, font, width - 2 * margin), font=font,
-                  fill=_TEXT)
+    for j, line in enumerate(titles):
+        draw.text((margin, margin + j * (fs + pad)), line, font=font, fill=_TEXT)
     for k, (img, info) in enumerate(zip(images, infos)):
         r, c = divmod(k, cols)
         x = margin + c * (tile + gap)
@@ -158,7 +187,7 @@ def contact_sheet(images: Sequence[np.ndarray], infos: Sequence[TileInfo], *, ti
         draw.rectangle([x, y + tile, x + tile - 1, y + tile + cap - 1], fill=_CAPTION_BG)
         head = f"#{info.index}"
         draw.text((x + pad, y + tile + pad), head, font=font, fill=_ACCENT)
-        lab = f"label {info.label}"
+        lab = f"label {info.label}" if info.label >= 0 else "target"  # (its text below)
         draw.text((x + tile - pad - draw.textlength(lab, font=small), y + tile + pad + 1), lab,
                   font=small, fill=_DIM)
         draw.text((x + pad, y + tile + 2 * pad + fs), _cut(draw, info.class_name, font,
@@ -190,10 +219,18 @@ def show(path: str | Path, *, split: str | None = None, count: int = 16, pick: s
     if split is None and Path(path).is_dir():
         found = database_splits(path)
         split = "train" if "train" in found else (found[0] if found else None)
-    db = open_database(path, split)
+    if columns is not None and columns < 1:
+        raise ValueError(f"--columns {columns}: give at least 1 tile per row")
     out = Path(out) if out is not None else None
-    if out is not None and out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
+    if out is not None:
+        if out.suffix.lower() != ".png":
+            raise ValueError(f"--out {out}: the contact sheet is a PNG; name a .png file")
+        if not out.parent.is_dir():
+            raise NotFoundError(f"--out {out}: the folder {out.parent} does not exist; "
+                                "create it first or name a file in an existing folder")
+        if out.exists() and not overwrite:
+            raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
+    db = open_database(path, split)
     indices = pick_records(db, count, pick=pick, seed=seed, classes=classes)
     infos, images = [], []
     reader = RangeReader(db)
@@ -214,8 +251,8 @@ def show(path: str | Path, *, split: str | None = None, count: int = 16, pick: s
         print(_listing(infos), flush=True)
     if out is not None:
         _save(out, contact_sheet(images, infos, tile=tile, columns=columns,
-                                 title=f"{Path(db.paths[0]).name}  ·  split {db.split}  ·  "
-                                       f"{len(infos)} of {db.num_records} records  ·  "
+                                 title=f"{Path(db.paths[0]).name} | split {db.split} | "
+                                       f"{len(infos)} of {db.num_records} records | "
                                        f"transform: {transform}"), infos)
     return infos
 
@@ -225,7 +262,6 @@ def _save(out: Path, sheet, infos: Sequence[TileInfo]) -> None:
 
     meta = PngInfo()
     meta.add_text(TEXT_KEY, json.dumps([asdict(i) for i in infos]))
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
     sheet.save(tmp, format="PNG", pnginfo=meta, optimize=True)
     os.replace(tmp, out)

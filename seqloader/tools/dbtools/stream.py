@@ -3,16 +3,21 @@ their order, with large sequential reads (NOTE [ reading a selection ])."""
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from ...errors import FormatError
+from ...format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
+from ...format.keys import encode_key
+from ...format.meta import DIGEST_BYTES, digest_entry, meta_digests
 from ...read.database import Database
 from ...read.reader import RangeReader
 from .copier import relabel
 
-__all__ = ["Selection", "RecordStream", "runs", "plan_fingerprint", "BRIDGE_BYTES"]
+__all__ = ["Selection", "RecordStream", "SourceCheck", "runs", "plan_fingerprint", "BRIDGE_BYTES"]
 
 #: Skipped records between two chosen ones are read through (and dropped) rather than
 #: seeked over when they are fewer bytes than this: a seek costs a disk ~10 ms, the
@@ -28,6 +33,63 @@ BRIDGE_BYTES = 2 << 20
 # and dropped: a subset of 10 % of the records, spread evenly through a shuffled
 # file, then reads the file as one sequential stream at the disk's bandwidth instead
 # of seeking to every record (~100 seeks/s on a disk: 11 MB/s of 110 KB records).
+
+
+# NOTE [ checked sources ]
+# A copy must not turn a damaged source into an output that passes verify (its chain
+# is computed over the bytes read).  So every record read is checked against its
+# source: against the file's digest table (NOTE [ record digests ]) where it has one;
+# in a file of an older writer (no table), by recomputing the file's checksum chain
+# when the whole file is read from its first record on, in order (reshard, merge,
+# export of everything; a subset whose reads bridge the whole file), failing at its
+# last record.  A subset of an older file read in parts is not checked (docs/tools.md).
+# The error stops the copy before the output is completed.
+
+
+class SourceCheck:
+    """Checks the records of one database as they are read (NOTE [ checked sources ])."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.offsets = np.asarray(db.offsets, np.int64)
+        self.tables = [meta_digests(m, where=str(p)) for m, p in zip(db.metas, db.paths)]
+        self._chain: dict[int, tuple[int, str]] = {}  # shard -> (next local key, chain so far)
+        self._unchecked: set[int] = set()
+
+    def _fail(self, s: int, what: str) -> None:
+        path = self.db.paths[s]
+        raise FormatError(f"{path}: {what}: the source file is damaged. Restore it or re-create "
+                          f"it (`seqloader verify {path}` shows the damage); the output was not "
+                          "completed")
+
+    def __call__(self, index: int, value: bytes | memoryview) -> None:
+        s = int(np.searchsorted(self.offsets, index, "right")) - 1
+        local = index - int(self.offsets[s])
+        meta = self.db.metas[s]
+        digest = record_digest(value, meta.checksum_algorithm)
+        table = self.tables[s]
+        if table is not None:
+            if digest_entry(digest) != table[local * DIGEST_BYTES:(local + 1) * DIGEST_BYTES]:
+                self._fail(s, f"record {local} does not match its digest in the file's metadata")
+            return
+        nxt, chain = self._chain.get(s, (0, EMPTY_CHECKSUM))
+        if local != nxt:  # (not read in order from the first record: not checked)
+            self._chain.pop(s, None)
+            if s not in self._unchecked:
+                self._unchecked.add(s)
+                if len(self._unchecked) == 1:
+                    warnings.warn(f"{self.db.paths[s]} was written by an older seqloader (no "
+                                  "record digests) and is read in part: its records are not "
+                                  f"checked; run `seqloader verify {self.db.paths[s]}` first",
+                                  stacklevel=2)
+            return
+        chain = chain_checksum(chain, encode_key(local), digest, meta.checksum_algorithm)
+        if local + 1 == meta.num_records:
+            self._chain.pop(s, None)
+            if chain != meta.checksum:
+                self._fail(s, "its records do not match the checksum in its metadata")
+        else:
+            self._chain[s] = (local + 1, chain)
 
 
 @dataclass
@@ -61,6 +123,7 @@ class RecordStream:
         self.cum = np.concatenate([[0], np.cumsum([len(p.indices) for p in parts])]).astype(np.int64)
         self._readers: dict[int, RangeReader] = {}
         self._labels: dict[int, np.ndarray] = {}
+        self._checks: dict[int, SourceCheck] = {}
 
     def __len__(self) -> int:
         return int(self.cum[-1])
@@ -90,7 +153,9 @@ class RecordStream:
             mean = max(1, p.db.image_bytes // max(1, p.db.num_records))
             labels = p.db.labels() if p.label_map is not None else None
             k = 0
+            check = self._checks.setdefault(id(p.db), SourceCheck(p.db))
             for index, value in self._reader(j).read(runs(want, BRIDGE_BYTES // mean)):
+                check(index, value)
                 if index != want[k]:
                     continue  # a bridged record (NOTE [ reading a selection ])
                 k += 1

@@ -117,7 +117,7 @@ def subset(path: str | Path, out: str | Path, *, split: str | None = None,
            progress: bool = True) -> list[CopyReport]:
     """Write the records :func:`select` chooses of each split at ``path`` (a folder: every
     split; or ``split``) to ``out``, in ``shards`` files per split (module docstring)."""
-    reports = []
+    plans = []  # every split's selection first: a mistake is refused before any writing
     for s in database_splits_at(path, split):
         db = open_database(path, s)
         kind = db.metas[0].target_kind
@@ -128,6 +128,16 @@ def subset(path: str | Path, out: str | Path, *, split: str | None = None,
                               seed=seed, n=db.num_records)
         if renumber and labels is None:
             raise ValueError("--renumber: this database's targets are not classes")
+        if len(chosen) == 0:
+            raise ValueError(f"split {db.split!r}: no records chosen ({db.num_records} records); "
+                             "choose more (a larger --fraction or --per-class), or name the "
+                             "other split with --split")
+        if shards > len(chosen):
+            raise ValueError(f"--shards {shards}: split {db.split!r} gets {len(chosen)} "
+                             f"records; give 1 to {len(chosen)}")
+        plans.append((db, labels, chosen, kept))
+    reports = []
+    for db, labels, chosen, kept in plans:
         label_map, names = None, list(db.classes)
         if renumber:
             label_map = np.full(len(db.classes), -1, np.int64)

@@ -103,7 +103,7 @@ def test_export_is_atomic_refuses_to_overwrite_and_reruns(lmdb_dir, tmp_path, ca
     assert err.count("\n") == 1 and "--overwrite" in err
     assert cli(["export", str(lmdb_dir), str(out), "--format", "webdataset", "--overwrite",
                 "--no-progress"]) == 0
-    assert sorted(p.name for p in out.iterdir())[:2] == ["train-000000.tar", "train-classes.txt"]
+    assert sorted(p.name for p in out.iterdir() if p.name[0] != ".")[:2] == ["train-000000.tar", "train-classes.txt"]
 
 
 def test_stored_record_is_unpack_record_without_the_copy(lmdb_dir, tmp_path):
@@ -130,3 +130,28 @@ def test_stored_record_is_unpack_record_without_the_copy(lmdb_dir, tmp_path):
         names = tf.getnames()
         assert names[:2] == ["00000000.png", "00000000.json"]
         assert json.loads(tf.extractfile(names[1]).read())["target"] == {"a": [0, 1, 2]}
+
+
+def test_rerunning_a_finished_export_is_complete_and_another_is_refused(lmdb_dir, tmp_path,
+                                                                         capsys):
+    out = tmp_path / "exwk"
+    args = ["export", str(lmdb_dir), str(out), "--split", "val", "--format", "webdataset",
+            "--no-progress"]
+    assert cli(args) == 0
+    first = capsys.readouterr().out
+    mtime = (out / "val-000000.tar").stat().st_mtime_ns
+    assert cli(args) == 0  # the same export again: nothing to do
+    again = capsys.readouterr().out
+    assert again.split("\n")[0] == first.split("\n")[0] + " (already complete)"
+    assert (out / "val-000000.tar").stat().st_mtime_ns == mtime
+    assert cli([*args, "--targets", "json"]) == 2  # another export: refused
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_export_to_a_place_that_cannot_be_written_is_one_line(lmdb_dir, tmp_path, capsys):
+    ro = tmp_path / "missing" / "deeper"
+    (tmp_path / "missing").write_text("a file, not a folder")
+    assert cli(["export", str(lmdb_dir), str(ro / "e1"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot create the export's folder" in err
+    assert "a place you can write to" in err

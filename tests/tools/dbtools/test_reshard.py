@@ -156,3 +156,25 @@ def test_merge_by_split_name_and_into_one_split_unites_classes(lmdb_dir, tmp_pat
     one = open_database(tmp_path / "one", "all")
     assert one.num_records == sum(open_database(tmp_path / "first", s).num_records
                                   for s in ("train", "val"))
+
+
+def test_summary_counts_what_this_run_wrote_and_names_the_target_kind(lmdb_dir, tmp_path,
+                                                                      capsys):
+    n = open_database(lmdb_dir, "train").num_records
+    assert cli(["reshard", str(lmdb_dir), str(tmp_path / "r"), "--split", "train", "--shards",
+                "3", "--shard-ids", "0", "2", "--no-progress"]) == 0
+    from seqloader.read.database import file_meta
+
+    written = sum(file_meta(tmp_path / "r" / f"ILSVRC-train-0000{k}-of-00003.lmdb").num_records
+                  for k in (0, 2))
+    assert f"train: {written} records (of the split's {n}), 4 classes in 2 file(s)" in \
+        capsys.readouterr().out
+    from seqloader.write.dataset import write_dataset
+
+    rng = np.random.default_rng(0)
+    write_dataset([(rng.integers(0, 255, (6, 5, 3), np.uint8), {"a": i}) for i in range(4)],
+                  tmp_path / "any", image_format="pixels", progress=False, workers=1)
+    assert cli(["reshard", str(tmp_path / "any"), str(tmp_path / "r2"), "--shards", "2",
+                "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "train: 4 records, any targets in 2 file(s)" in out and "0 classes" not in out

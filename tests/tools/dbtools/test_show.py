@@ -56,3 +56,43 @@ def test_show_lists_records_of_classes_and_refuses_mistakes(lmdb_dir, tmp_path, 
         assert cli(["show", str(lmdb_dir), *bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("seqloader show: error: "), err
+
+
+def test_show_refuses_a_wrong_out_or_columns(lmdb_dir, tmp_path, capsys):
+    for bad in (["--out", str(tmp_path / "x.jpg")],
+                ["--out", str(tmp_path / "nonexistent" / "dir" / "x.png")],
+                ["--out", str(tmp_path / "c.png"), "--columns", "0"]):
+        assert cli(["show", str(lmdb_dir), "--no-list", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("seqloader show: error: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no folder made, no file
+
+
+def test_sheet_text_is_drawable_and_the_title_fits(tmp_path):
+    from PIL import Image, ImageDraw
+
+    from seqloader.tools.dbtools.show import _font, drawable, title_lines
+
+    assert drawable("Café ñandú – 東京") == "Cafe nandu ? ??"
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    font = _font(12)
+    title = "ILSVRC-train.lmdb | split train | 6 of 6 records | transform: none"
+    lines = title_lines(draw, title, font, 150)
+    assert len(lines) > 1 and " | ".join(lines) == title  # wrapped, nothing cut
+    assert all(draw.textlength(line, font=font) <= 150 for line in lines)
+
+
+def test_sheet_of_any_targets_shows_targets(tmp_path):
+    from PIL import Image
+
+    from seqloader.write.dataset import write_dataset
+
+    rng = np.random.default_rng(0)
+    write_dataset([(rng.integers(0, 255, (20, 24, 3), np.uint8), {"box": [1, 2]})
+                   for _ in range(3)], tmp_path / "any", image_format="pixels", progress=False,
+                  workers=1)
+    out = tmp_path / "s.png"
+    infos = show(tmp_path / "any", count=3, out=out, tile=64, listing=False)
+    assert all(i.label == -1 and "'box'" in i.class_name for i in infos)
+    with Image.open(out) as im:
+        assert len(json.loads(im.text[TEXT_KEY])) == 3

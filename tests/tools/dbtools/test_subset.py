@@ -73,3 +73,12 @@ def test_subset_cli_keeps_labels_by_default_and_errors_in_one_line(lmdb_dir, tmp
         assert cli(["subset", str(lmdb_dir), str(tmp_path / "t"), *bad, "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("seqloader subset: error: "), err
+
+
+def test_every_split_is_planned_before_anything_is_written(lmdb_dir, tmp_path, capsys):
+    # val has 12 records: 10 % of each class's 3 is none, so the whole command is refused
+    out = tmp_path / "out"
+    assert cli(["subset", str(lmdb_dir), str(out), "--fraction", "0.1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "split 'val': no records chosen" in err and err.count("\n") == 1
+    assert not out.exists() or not any(out.iterdir())  # not even train
