@@ -158,10 +158,10 @@ def path_splits(path: str | Path, split: str | None) -> list[str | None]:
     from .read.remote import is_url
 
     if split is None and is_url(str(path)) and not str(path).rstrip("/").endswith(".lmdb"):
-        from .read.remote import RemoteOptions
+        from .read.remote import default_options
         from .read.remoteopen import remote_splits
 
-        return list(remote_splits(str(path), RemoteOptions())) or [None]
+        return list(remote_splits(str(path), default_options())) or [None]
     p = Path(path)
     if split is not None or not p.is_dir():
         return [split]
@@ -281,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools.dbtools.commands import add_commands
 
     add_commands(sub)
+    from .tools.remoteargs import add_remote_arguments
+
+    for name, q in sub.choices.items():  # (bench: in add_bench_arguments)
+        if name not in ("synth", "bench"):
+            add_remote_arguments(q)
     p = sub.add_parser("demo", help="synthesise, preprocess, verify and load a small dataset")
     p.add_argument("dir", nargs="?", default="seqloader-demo", help="work folder (%(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -306,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.simplefilter("default")
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
+        from .tools.remoteargs import apply_remote_arguments
+
+        apply_remote_arguments(args)
         return args.fn(args)
     except BrokenPipeError:  # (`seqloader info DIR | head`: the reader has all it wanted)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -94,7 +94,10 @@ class BadImageError(SeqloaderError, ValueError):
 class RemoteError(SeqloaderError, OSError):
     """A remote read failed for good (after retries, or a permanent error).  The
     same class whatever ``num_workers`` (NOTE [ one error contract ]); its message
-    names the URL without credentials or query."""
+    names the URL without credentials or query.  ``reason``: ``"refused"`` (connection
+    refused), ``"no credentials"`` (none found) or None (the class says it all)."""
+
+    reason: str | None = None
 
 
 class RemoteTimeoutError(RemoteError, TimeoutError):

@@ -216,11 +216,11 @@ def open_database(path: str | Path, split: str | None = None, *,
     when ``require_records``, :class:`~seqloader.format.meta.EmptyDatabaseError` for a
     complete database without records (:func:`empty_reason`).
     """
-    from .remote import RemoteOptions, is_url, safe_url
+    from .remote import default_options, is_url, safe_url
     from .remoteopen import open_remote
 
     if is_url(path):
-        urls, metas, source = open_remote(str(path), split, remote or RemoteOptions(),
+        urls, metas, source = open_remote(str(path), split, remote or default_options(),
                                           require_complete=require_complete)
         _check_set([safe_url(u) for u in urls], metas, split)
         return _nonempty(Database(tuple(urls), tuple(metas), None, source), require_records)

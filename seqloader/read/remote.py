@@ -41,8 +41,8 @@ from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options
 from .bytesource import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
-           "RemoteStream", "filesystem", "is_url", "safe_url", "stat_remote", "strong_etag",
-           "with_timeout"]
+           "RemoteStream", "default_options", "filesystem", "is_url", "safe_url",
+           "set_default_budget", "stat_remote", "strong_etag", "with_timeout"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -101,12 +101,37 @@ class RemoteOptions:
                              f"be > 0, retries ({self.retries!r}) and depth ({self.depth!r}) >= 1")
 
 
+_DEFAULT_BUDGET: dict[str, float] = {}
+
+
+def set_default_budget(timeout: float | None = None, deadline: float | None = None) -> None:
+    """Set the time budget of :func:`default_options` (what a URL is opened with when
+    no ``RemoteOptions`` is given): ``timeout`` per request (connecting too), ``deadline``
+    per block or call.  For the whole process: the command line's ``--remote-timeout``
+    and ``--remote-deadline``; code passes ``RemoteOptions`` instead."""
+    for name, value in (("timeout", timeout), ("deadline", deadline)):
+        if value is not None:
+            if not value > 0:
+                raise ValueError(f"the remote {name} must be > 0 seconds, got {value!r}")
+            _DEFAULT_BUDGET[name] = float(value)
+
+
+def default_options() -> RemoteOptions:
+    """``RemoteOptions()`` with the budget :func:`set_default_budget` set, if any."""
+    t, d = _DEFAULT_BUDGET.get("timeout"), _DEFAULT_BUDGET.get("deadline")
+    o = RemoteOptions()
+    return dataclasses.replace(
+        o, timeout=o.timeout if t is None else t,
+        connect_timeout=o.connect_timeout if t is None else min(o.connect_timeout, t),
+        deadline=o.deadline if d is None else d)
+
+
 def with_timeout(options: RemoteOptions | None, timeout: float) -> RemoteOptions | None:
     """``options`` with every request and block bounded by ``timeout`` s too (a Loader's
     ``timeout``, which then is the longest wait for any remote answer; 0: no change)."""
     if not timeout:
         return options
-    options = options or RemoteOptions()
+    options = options or default_options()
     t = float(timeout)
     return dataclasses.replace(options, timeout=min(options.timeout, t),
                                connect_timeout=min(options.connect_timeout, t),
@@ -127,10 +152,30 @@ def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
                               "protocol, e.g. s3fs): in a clone of seqloader, "
                               "pip install -c constraints.txt -e '.[remote]'") from None
         try:
-            _FS[key] = fsspec.core.url_to_fs(url, **options.storage_options)
+            fs, path = fsspec.core.url_to_fs(url, **options.storage_options)
         except ImportError as e:
             raise ImportError(f"reading {safe_url(url)}: {e}") from None
+        _FS[key] = (_without_own_retries(fs, options), path)
     return _FS[key]
+
+
+_OWN: dict[tuple, Any] = {}  # (pid, filesystem class, options) -> s3fs without its retries
+
+
+def _without_own_retries(fs: Any, options: RemoteOptions) -> Any:
+    """For s3fs, an instance of our own that makes one attempt per call (s3fs and
+    botocore otherwise retry inside it): NOTE [ remote time budget ] retries, and an
+    attempt's error then names its cause (a refused connection, not a timeout after
+    minutes of inner retries).  Other filesystems as they are."""
+    if not hasattr(fs, "_call_s3") or "config_kwargs" in options.storage_options:
+        return fs
+    key = (os.getpid(), type(fs), repr(sorted(options.storage_options.items())))
+    if key not in _OWN:
+        own = type(fs)(**options.storage_options, skip_instance_cache=True,
+                       config_kwargs={"retries": {"mode": "standard", "max_attempts": 1}})
+        own.retries = 1
+        _OWN[key] = own
+    return _OWN[key]
 
 
 _PLAIN: dict[tuple, Any] = {}  # (pid, url, options) -> what direct_url gave

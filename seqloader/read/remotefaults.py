@@ -12,8 +12,11 @@ Every remote request -- data GETs, HEADs, listings, ``exists`` -- runs under one
   attempt or ``retries`` attempts were made: the default 60 s rides out a server or
   proxy restart of ~30-45 s, and a dead or silent server is reported in at most
   ``deadline`` (+ one ``connect_timeout``) seconds;
-* permanent faults are raised at once: 401/403 (:class:`RemoteAccessError`), 404
-  (:class:`RemoteNotFoundError`), 412 or a changed size (:class:`RemoteChangedError`);
+* permanent faults are raised at once: 401/403 and missing or partial credentials
+  (:class:`RemoteAccessError`), 404 (:class:`RemoteNotFoundError`), 412 or a changed
+  size (:class:`RemoteChangedError`); a ``FileNotFoundError`` that only wraps another
+  failure (fsspec's HTTP ``info`` turns a refused connection into one) is classified
+  by that failure, so a dead server is never "not found";
   an exhausted budget raises :class:`RemoteTimeoutError` when the last attempt timed out,
   else :class:`RemoteUnreachableError`;
 * an ``abort`` event (set by the stream when one block has failed, or closed) stops
@@ -104,10 +107,42 @@ def _timed_out(e: BaseException) -> bool:
     return any(isinstance(x, TimeoutError) or "Timeout" in type(x).__name__ for x in _chain(e))
 
 
+# botocore's errors for credentials that are missing or unusable: nothing a retry changes
+# (matched by name: botocore is optional)
+_NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError",
+                             "ProfileNotFound", "CredentialRetrievalError",
+                             "UnknownCredentialError", "NoAuthTokenError"})
+_CONFIG_ERRORS = frozenset({"NoRegionError", "InvalidRegionError", "InvalidEndpointConfigurationError",
+                            "InvalidS3AddressingStyleError", "ParamValidationError",
+                            "UnknownServiceError", "InvalidConfigError"})
+
+
+def _no_credentials(e: BaseException) -> bool:
+    return any(type(x).__name__ in _NO_CREDENTIALS for x in _chain(e))
+
+
+def _wrapped(e: BaseException) -> BaseException | None:
+    """The failure a bare ``FileNotFoundError`` wraps (fsspec's HTTP ``info`` raises
+    one ``from`` any error, a refused connection included), else None."""
+    cause = e.__cause__
+    if (isinstance(e, FileNotFoundError) and not isinstance(e, RemoteError)
+            and cause is not None and not isinstance(cause, FileNotFoundError)
+            and status_of(e) != 404):
+        return cause
+    return None
+
+
 def classify(e: BaseException) -> str:
     """``"changed"``, ``"access"``, ``"missing"``, ``"permanent"`` or ``"transient"``
     (retried) for an attempt's exception."""
     if isinstance(e, Aborted):
+        return "permanent"
+    cause = _wrapped(e)
+    if cause is not None:
+        return classify(cause)
+    if _no_credentials(e):
+        return "access"
+    if type(e).__name__ in _CONFIG_ERRORS:
         return "permanent"
     if isinstance(e, TimeoutError) or "Timeout" in type(e).__name__:
         return "transient"  # (whatever status an earlier exception in its context had)
@@ -145,21 +180,37 @@ def describe(e: BaseException | None, url: str = "") -> str:
     """A one-line description of ``e``, credentials and query removed."""
     if e is None:
         return "no error recorded"
+    e = _wrapped(e) or e
     status = status_of(e)
     text = f"{type(e).__name__}" + (f" (HTTP {status})" if status else "")
     detail = redact(str(e), url or None)
     return f"{text}: {detail[:300]}" if detail else text
 
 
+_BUDGET = ("RemoteOptions(timeout=..., deadline=...) in Python, --remote-timeout / "
+           "--remote-deadline on the command line set the budget")
 _HINT = {
     RemoteAccessError: "check the credentials (storage_options, AWS_* variables, ~/.aws) and "
                        "the permissions on the bucket or path",
     RemoteNotFoundError: "check the URL (bucket, path, split)",
     RemoteTimeoutError: "the server accepts connections but does not answer in time; is it "
-                        "overloaded or hung? (RemoteOptions timeout / deadline set the budget)",
-    RemoteUnreachableError: "is the server reachable? (RemoteOptions deadline sets how long "
-                            "an outage is ridden out)",
+                        f"overloaded or hung? ({_BUDGET})",
+    RemoteUnreachableError: "is the server reachable? (how long an outage is ridden out: "
+                            f"{_BUDGET})",
 }
+_REFUSED_HINT = ("connection refused: is the server running, and are the URL's host and port "
+                 f"right? (how long a restart is waited for: {_BUDGET})")
+_NO_CREDENTIALS_HINT = (
+    "no credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+    "AWS_PROFILE) in the environment, write them to ~/.aws/credentials, or pass "
+    "RemoteOptions(storage_options={'key': ..., 'secret': ...}); for a public bucket "
+    "storage_options={'anon': True}")
+
+
+def _refused(e: BaseException) -> bool:
+    return any(isinstance(x, ConnectionRefusedError)
+               or isinstance(getattr(x, "os_error", None), ConnectionRefusedError)
+               for x in _chain(e))
 
 
 def error_for(e: BaseException, where: str, url: str = "", *, attempts: int = 1,
@@ -181,8 +232,14 @@ def error_for(e: BaseException, where: str, url: str = "", *, attempts: int = 1,
     else:
         cls = RemoteError
     tried = (f"failed {attempts} times in {elapsed:.1f} s, last: " if attempts > 1 else "")
-    hint = _HINT.get(cls)
-    return cls(f"{where}: {tried}{describe(e, url)}" + (f"; {hint}" if hint else ""))
+    hint, reason = _HINT.get(cls), None
+    if cls is RemoteUnreachableError and _refused(e):
+        hint, reason = _REFUSED_HINT, "refused"
+    elif cls is RemoteAccessError and _no_credentials(e):
+        hint, reason = _NO_CREDENTIALS_HINT, "no credentials"
+    err = cls(f"{where}: {tried}{describe(e, url)}" + (f"; {hint}" if hint else ""))
+    err.reason = reason
+    return err
 
 
 def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
@@ -198,8 +255,9 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
         if abort is not None and abort.is_set():
             raise Aborted(where)
         left = end - time.monotonic()
+        budget = max(0.05, min(options.timeout, left))
         try:
-            return call(max(0.05, min(options.timeout, left)))
+            return call(budget)
         except Aborted:
             raise
         except Exception as e:  # noqa: BLE001 - classified
@@ -208,7 +266,11 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
             attempt += 1
             if classify(e) != "transient":
                 raise error_for(e, where, url) from None
-            last = e
+            # (an attempt cut short by the deadline's remainder says less than the
+            # failure before it, e.g. a refused connection)
+            if not (last is not None and _timed_out(e) and not _timed_out(last)
+                    and budget < options.timeout):
+                last = e
         delay = min(BACKOFF_MAX, 0.1 * 2 ** attempt) * random.uniform(0.5, 1.0)
         left = end - time.monotonic()
         if attempt >= options.retries or left <= 0.05:

@@ -28,8 +28,7 @@ import dataclasses
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import (FormatError, NotFoundError, RemoteAccessError, RemoteError,
-                      RemoteNotFoundError)
+from ..errors import FormatError, NotFoundError, RemoteError, RemoteNotFoundError
 from ..format.files import db_name
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -54,12 +53,14 @@ def _exists(url: str, options: RemoteOptions) -> bool:
         return False
 
 
-def _listing(folder: str, options: RemoteOptions) -> dict[str, RemoteFile | None] | None:
+def _listing(folder: str, options: RemoteOptions, failed: list[str] | None = None
+             ) -> dict[str, RemoteFile | None] | None:
     """The files directly in ``folder`` (a URL) by name, each a :class:`RemoteFile` when
     the listing gave its size and ETag, else None; None when there is no listing (403 or
     404 on the listing itself: a key without ListBucket permission, an HTTP server that
-    does not list; the HEADs that follow name a real problem).  Timeouts and other
-    failures are raised (NOTE [ remote time budget ])."""
+    does not list; the HEADs that follow name a real problem), its error appended to
+    ``failed`` for the messages that follow.  Timeouts, refused connections and missing
+    credentials are raised (NOTE [ remote time budget ]): no request could succeed."""
     fs, path = filesystem(folder, options)
 
     def ls(timeout: float) -> list:
@@ -67,12 +68,12 @@ def _listing(folder: str, options: RemoteOptions) -> dict[str, RemoteFile | None
         return call_with_timeout(fs, "ls", path, timeout, detail=True)
     try:
         entries = retrying(ls, f"listing {safe_url(folder)}", folder, options)
-    except (RemoteAccessError, RemoteNotFoundError):
-        return None
     except RemoteError as e:
-        if isinstance(e, (TimeoutError, ConnectionError)):
+        if isinstance(e, (TimeoutError, ConnectionError)) or e.reason == "no credentials":
             raise
-        return None  # (e.g. a listing this protocol does not implement)
+        if failed is not None:  # (403, 404, or a listing this protocol does not implement)
+            failed.append(f"{type(e).__name__}: {e}")
+        return None
     out: dict[str, RemoteFile | None] = {}
     for e in entries:
         if not isinstance(e, dict) or e.get("type") == "directory":
@@ -106,14 +107,15 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
         n = int(m["n"])
         urls = [f"{base}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
         return _located(urls, _listing(base, options) if n > 1 else None)
+    failed: list[str] = []
     if split is None:
-        found = remote_splits(url, options)
+        found = remote_splits(url, options, failed)
         raise NotFoundError(f"{safe_url(url)} is a folder; name the split too "
                             f"({', '.join(map(repr, found)) or 'e.g. train'}), "
-                            "or pass the .lmdb file's URL")
+                            "or pass the .lmdb file's URL" + _why_unlisted(failed))
     folder = url.rstrip("/")
     single = f"{db_name(split)}.lmdb"
-    listed = _listing(folder, options)
+    listed = _listing(folder, options, failed)
     names = sorted(listed or ())
     shards = [x for x in names if (m := _SHARD.match(x)) and m["stem"] == db_name(split)]
     if single in names or (not shards and _exists(f"{folder}/{single}", options)):
@@ -123,20 +125,25 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
             f"no database for split {split!r} at {safe_url(folder)}: looked for "
             f"{single} or a listing with {db_name(split)}-NNNNN-of-NNNNN.lmdb "
             "(an HTTP server may not list folders: pass the URL of the .lmdb file or of "
-            "one shard)")
+            "one shard)" + _why_unlisted(failed))
     m = _SHARD.match(shards[0])
     n = int(m["n"])
     urls = [f"{folder}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
     return _located(urls, listed)
 
 
-def remote_splits(folder: str, options: RemoteOptions) -> list[str]:
+def _why_unlisted(failed: list[str]) -> str:
+    return f"; the folder's listing failed: {failed[0]}" if failed else ""
+
+
+def remote_splits(folder: str, options: RemoteOptions, failed: list[str] | None = None
+                  ) -> list[str]:
     """The splits whose databases the listing of ``folder`` (a URL) shows, in the order
     :func:`~seqloader.format.files.database_splits` gives locally; [] when the store
-    gives no listing."""
+    gives no listing (why appended to ``failed``)."""
     prefix = db_name("")
     found = set()
-    for name in _listing(folder.rstrip("/"), options) or {}:
+    for name in _listing(folder.rstrip("/"), options, failed) or {}:
         m = _SHARD.match(name)
         stem = m["stem"] if m else (name[:-len(".lmdb")] if name.endswith(".lmdb") else "")
         if stem.startswith(prefix) and len(stem) > len(prefix):

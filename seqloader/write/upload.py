@@ -95,7 +95,7 @@ class Uploader:
         is written: a bucket that does not exist, wrong credentials or no permission
         raise the :class:`~seqloader.errors.RemoteError` naming it now, not after the
         writing (NOTE [ remote time budget ] bounds the wait)."""
-        from ..read.remote import RemoteOptions
+        from ..read.remote import default_options
         from ..read.remotefaults import call_with_timeout, retrying
 
         probe = f"{self.path}/.seqloader-write-check-{os.getpid()}"
@@ -106,7 +106,7 @@ class Uploader:
                 call_with_timeout(self.fs, "rm_file", probe, timeout)
             except FileNotFoundError:
                 pass
-        retrying(attempt, f"cannot write to {safe_url(self.url)}", self.url, RemoteOptions())
+        retrying(attempt, f"cannot write to {safe_url(self.url)}", self.url, default_options())
 
     def where(self, name: str) -> str:
         """The URL of object ``name`` under the destination, for messages."""

@@ -19,6 +19,7 @@ from .data import Inputs, db_sample, files_sample
 from .machine import CLK_TCK, cpu_model, meminfo, process_tree, storage, usable_cores
 from .measure import MB, MIN_CPU_WINDOW
 from .report import format_report
+from ..remoteargs import add_remote_arguments, apply_remote_arguments
 from .runs import BYSTANDERS, DECODE_CROP, LOADERS, MODES, cpu_limit_rows, run_one
 
 __all__ = ["add_bench_arguments", "run_bench", "main", "bench", "conditions_of"]
@@ -71,6 +72,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality", action="store_true", help="also report shuffle-quality metrics")
     p.add_argument("--json", action="store_true", help="print one JSON document (see module doc)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_remote_arguments(p)
 
 
 def _parse(args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
@@ -158,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_bench_arguments(ap)
     args = ap.parse_args(argv)
     try:
+        apply_remote_arguments(args)
         return run_bench(args)
     except (FormatError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"seqloader bench: error: {e}", file=sys.stderr)
