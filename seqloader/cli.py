@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from .errors import SeqloaderError
+from .errors import USER_ERRORS, one_line
 
 __all__ = ["main", "add_preprocess_arguments", "run_preprocess", "one_line"]
 
@@ -318,10 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # (`seqloader info DIR | head`: the reader has all it wanted)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (SeqloaderError, OSError, ValueError, RuntimeError) as e:
-        # NOTE [ one error boundary ]: what the user gave (files, archives, options, the
-        # disk) fails as one line and exit 2; anything else is a bug in seqloader and keeps
-        # its traceback
+    except USER_ERRORS as e:  # NOTE [ one error boundary ] in errors.py
         from .read.remotefaults import redact  # (no credentials from a URL in any message)
 
         print(f"seqloader {args.command}: error: {redact(one_line(e))}", file=sys.stderr)
@@ -335,13 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else "; re-run the same command to resume")
         print(f"seqloader {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
-
-
-def one_line(e: BaseException) -> str:
-    """``e``'s message on one line: its first line (a worker's error carries the worker's
-    traceback after it), or its type when it has none."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseErr
            "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
            "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
            "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError",
-           "RemoteTraceback"]
+           "RemoteTraceback", "USER_ERRORS", "one_line"]
 
 
 class SeqloaderError(Exception):
@@ -219,3 +219,16 @@ class WorkerTimeoutError(WorkerDiedError, TimeoutError):
 
 def _rebuild_died(cls: type, message: str, worker: Any, pid: Any, exitcode: Any) -> WorkerDiedError:
     return cls(message, worker=worker, pid=pid, exitcode=exitcode)
+
+
+# NOTE [ one error boundary ]: what a user gave (files, archives, options, the disk, a
+# server) fails as one line and exit 2 at a command's boundary; anything else is a bug in
+# seqloader and keeps its traceback.
+USER_ERRORS = (SeqloaderError, OSError, ValueError, RuntimeError)
+
+
+def one_line(e: BaseException) -> str:
+    """``e``'s message on one line: its first line (a worker's error carries the worker's
+    traceback after it), or its type when it has none."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__

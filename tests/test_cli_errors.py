@@ -44,3 +44,19 @@ def test_a_clean_run_leaves_nothing_on_stderr(tmp_path, verify):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""
+
+
+def test_bench_on_its_own_has_the_same_boundary(monkeypatch, capsys, tmp_path):
+    """``python -m seqloader.tools.bench`` fails like ``seqloader bench``: a remote error (an
+    OSError, not a FileNotFoundError) is one line without the URL's password, exit 2."""
+    from seqloader.errors import RemoteAccessError
+    from seqloader.tools.bench import command
+
+    def fail(args):
+        raise RemoteAccessError("https://user:secret@example.invalid/db.lmdb: HTTP 403; "
+                                "check the credentials\nmore detail")
+    monkeypatch.setattr(command, "run_bench", fail)
+    assert command.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("seqloader bench: error: ")
+    assert "secret" not in err[0] and "HTTP 403" in err[0]

@@ -152,7 +152,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ...errors import FormatError
+    from ...errors import USER_ERRORS, one_line
+    from ...read.remotefaults import redact
 
     doc = sys.modules[__package__].__doc__ or ""  # the package's: the command's manual
     ap = argparse.ArgumentParser(prog="seqloader bench", description=doc.split("\n\n")[0],
@@ -162,8 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         apply_remote_arguments(args)
         return run_bench(args)
-    except (FormatError, FileNotFoundError, ValueError, RuntimeError) as e:
-        print(f"seqloader bench: error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:  # NOTE [ one error boundary ] in errors.py
+        print(f"seqloader bench: error: {redact(one_line(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("seqloader bench: interrupted", file=sys.stderr)
