@@ -176,13 +176,19 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                                         classes=classes)
 
     reports = []
-    for s in order:
-        split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(s, opt.shuffle)})
-        out.mkdir(parents=True, exist_ok=True)
-        report, _ = write_source(
-            opened[s], out / f"{db_name(s)}.lmdb", s, split_opt,
-            memory_budget=memory_budget or DEFAULT_MEMORY_BUDGET,
-            scratch=None if scratch is None else Path(scratch) / f"{db_name(s)}.scratch",
-            on_classes=with_train_classes if s == "train" else None)
-        reports.append(report)
+    created = not out.exists()
+    try:
+        for s in order:
+            split_opt = WriteOptions(**{**vars(opt), "shuffle": shuffles_split(s, opt.shuffle)})
+            out.mkdir(parents=True, exist_ok=True)
+            report, _ = write_source(
+                opened[s], out / f"{db_name(s)}.lmdb", s, split_opt,
+                memory_budget=memory_budget or DEFAULT_MEMORY_BUDGET,
+                scratch=None if scratch is None else Path(scratch) / f"{db_name(s)}.scratch",
+                on_classes=with_train_classes if s == "train" else None)
+            reports.append(report)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # (a failure before anything was written leaves no empty folder)
+        raise
     return reports

@@ -208,6 +208,7 @@ def test_val_labels_outside_train_classes_fail_before_train_is_written(tmp_path,
     assert f"val.txt:3: {names[2]}'s class '{bad}' is not one of the 3 classes of the train" in err
     assert "in the same run" not in err
     assert not (out / "ILSVRC-train.lmdb").exists()
+    assert not out.exists() or any(out.iterdir())  # no empty folder left behind
     labels.write_text("".join(f"{n} {i % 3}\n" for i, n in enumerate(names)))  # fixed: resumes
     rc, err, _ = _run([str(train), str(val), str(out), "--val-labels", str(labels)], capsys)
     assert rc == 0, err
