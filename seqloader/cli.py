@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import USER_ERRORS, one_line
+from .read.database import path_splits
 
 __all__ = ["main", "add_preprocess_arguments", "run_preprocess", "one_line"]
 
@@ -147,28 +148,6 @@ def run_preprocess(args: argparse.Namespace) -> int:
         for s in r.shards:
             print(f"  {s.path}")
     return 0
-
-
-def path_splits(path: str | Path, split: str | None) -> list[str | None]:
-    """The splits ``info``, ``verify`` (and ``bench``, which takes the first) read at
-    ``path``: ``[split]`` for a file (None: its own) or with ``--split``; for a folder
-    without it, every split with a database there, train and val first.  Raises
-    FileNotFoundError naming what is there instead (e.g. an image tree to preprocess)."""
-    from .format.files import database_splits, find_database
-    from .read.remote import is_url
-
-    if split is None and is_url(str(path)) and not str(path).rstrip("/").endswith(".lmdb"):
-        from .read.remote import default_options
-        from .read.remoteopen import remote_splits
-
-        return list(remote_splits(str(path), default_options())) or [None]
-    p = Path(path)
-    if split is not None or not p.is_dir():
-        return [split]
-    splits = database_splits(p)
-    if not splits:
-        find_database(p)  # raises, saying what the folder holds instead
-    return list(splits)
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -160,7 +160,7 @@ def test_verify_of_a_folder_fails_if_any_split_does(lmdb_dir, tmp_path, capsys):
 
 
 def test_database_splits_and_the_split_bench_takes(lmdb_dir, tmp_path):
-    from seqloader.cli import path_splits
+    from seqloader.read.database import path_splits
     from seqloader.format.files import database_splits
 
     assert database_splits(lmdb_dir) == ["train", "val"]

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # (imported when a URL is opened)
     from .remote import RemoteOptions, RemoteSource
 
 __all__ = ["Database", "open_env", "close_env", "read_meta", "file_meta", "open_database",
-           "empty_reason"]
+           "path_splits", "empty_reason"]
 
 
 # NOTE [ one environment per file and process ]
@@ -287,3 +287,26 @@ def check_identity(path: str | Path, fd: int, expected: tuple[int, int, int, int
     if expected is not None and file_identity(os.fstat(fd)) != expected:
         raise FormatError(f"{path} changed since its metadata was read (re-written or "
                           "replaced); open it again: create a new Loader/reader")
+
+
+def path_splits(path: str | Path, split: str | None) -> list[str | None]:
+    """The splits ``info``, ``verify``, the dataset tools (and ``bench``, which takes the
+    first) read at ``path``: ``[split]`` for a file (None: its own) or with ``--split``; for
+    a folder without it, every split with a database there, train and val first (a URL
+    folder's by listing it).  Raises FileNotFoundError naming what is there instead (e.g.
+    an image tree to preprocess)."""
+    from ..format.files import database_splits
+    from .remote import is_url
+
+    if split is None and is_url(str(path)) and not str(path).rstrip("/").endswith(".lmdb"):
+        from .remote import default_options
+        from .remoteopen import remote_splits
+
+        return list(remote_splits(str(path), default_options())) or [None]
+    p = Path(path)
+    if split is not None or not p.is_dir():
+        return [split]
+    splits = database_splits(p)
+    if not splits:
+        find_database(p)  # raises, saying what the folder holds instead
+    return list(splits)

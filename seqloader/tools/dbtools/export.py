@@ -34,7 +34,7 @@ from ...errors import FormatError, OutputError, OutputExistsError
 from ...format.records import IMAGE_HEAD, Record, image_span, unpack_record
 from ...format.targets import decode_target
 from ...read.database import Database, open_database
-from .reshard import database_splits_at
+from ...read.database import path_splits
 from .stream import RecordStream, Selection
 
 __all__ = ["export", "ExportReport", "EXPORT_FORMATS", "tree_name", "stored_record",
@@ -240,7 +240,7 @@ def export(path: str | Path, out: str | Path, *, to: str = "tree", split: str | 
     if shard_bytes <= 0:
         raise ValueError(f"--shard-size must be positive, got {shard_bytes}")
     out = Path(out)
-    dbs = [open_database(path, s) for s in database_splits_at(path, split)]
+    dbs = [open_database(path, s) for s in path_splits(path, split)]
     identity = _identity(dbs, to, targets, shard_bytes)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         done = _finished(out, identity) if out.is_dir() else None

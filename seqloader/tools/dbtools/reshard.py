@@ -11,13 +11,12 @@ import numpy as np
 
 from ...errors import OutputExistsError
 from ...format.files import db_name, shard_path
-from ...read.database import Database, open_database
+from ...read.database import Database, open_database, path_splits
 from .copier import CopyPlan, output_file, write_copy
 from .reshuffle import ShuffledValues
 from .stream import RecordStream, Selection, plan_fingerprint
 
-__all__ = ["CopyReport", "copy_parts", "reshard", "merge", "database_splits_at",
-           "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["CopyReport", "copy_parts", "reshard", "merge", "DEFAULT_MEMORY_BUDGET"]
 
 DEFAULT_MEMORY_BUDGET = 4 << 30
 
@@ -33,20 +32,6 @@ class CopyReport:
     classes: list[str] = field(default_factory=list)
     written: int = 0
     target_kind: str = "class"
-
-
-def database_splits_at(path: str | Path, split: str | None) -> list[str | None]:
-    """The splits a tool reads at ``path``: ``[split]``, or every split of a folder
-    (train and val first); ``[None]`` for a file (its own split)."""
-    from ...format.files import database_splits, find_database
-
-    p = Path(path)
-    if split is not None or not p.is_dir():
-        return [split]
-    found = database_splits(p)
-    if not found:
-        find_database(p)  # raises, saying what the folder holds instead
-    return list(found)
 
 
 def _check_kinds(parts: Sequence[Selection]) -> None:
@@ -127,7 +112,7 @@ def reshard(path: str | Path, out: str | Path, *, split: str | None = None, shar
     in ``shards`` files each, records in their order (``shard_ids``: write only these
     shards, e.g. one process per range)."""
     reports = []
-    for s in database_splits_at(path, split):
+    for s in path_splits(path, split):
         db = open_database(path, s)
         part = Selection(db, np.arange(db.num_records))
         reports.append(copy_parts([part], out, db.split, db.classes, op="reshard", shards=shards,
@@ -166,7 +151,7 @@ def merge(sources: Sequence[str | Path], out: str | Path, *, into: str | None = 
         raise ValueError("merge needs at least one source database")
     groups: dict[str, list[Database]] = {}
     for src in sources:
-        for s in database_splits_at(src, None):
+        for s in path_splits(src, None):
             db = open_database(src, s)
             groups.setdefault(into or db.split, []).append(db)
     reports = []

@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from ...read.database import open_database
-from .reshard import CopyReport, copy_parts, database_splits_at
+from ...read.database import path_splits
+from .reshard import CopyReport, copy_parts
 from .stream import Selection
 
 __all__ = ["select", "subset", "class_ids", "write_class_map"]
@@ -118,7 +119,7 @@ def subset(path: str | Path, out: str | Path, *, split: str | None = None,
     """Write the records :func:`select` chooses of each split at ``path`` (a folder: every
     split; or ``split``) to ``out``, in ``shards`` files per split (module docstring)."""
     plans = []  # every split's selection first: a mistake is refused before any writing
-    for s in database_splits_at(path, split):
+    for s in path_splits(path, split):
         db = open_database(path, s)
         kind = db.metas[0].target_kind
         labels = db.labels() if kind == "class" else None
