@@ -33,15 +33,20 @@ def _tree(root):
     return root
 
 
+def _train_tar(tar, root):
+    """``tar``: the tree's train folder as extraction would give it back (``train/<class>/..``)."""
+    with tarfile.open(tar, "w") as tf:
+        tf.add(root / "train", arcname="train")
+    return tar
+
+
 def _labels(out):
     return sorted((r.path, r.label) for _, r in read_records(out / "ILSVRC-train.lmdb"))
 
 
 def test_an_empty_folder_is_a_class_in_a_tar_as_in_the_tree(tmp_path, capsys):
     root = _tree(tmp_path / "tree")
-    tar = tmp_path / "tree.tar"
-    with tarfile.open(tar, "w") as tf:
-        tf.add(root / "train", arcname="train")
+    tar = _train_tar(tmp_path / "tree.tar", root)
     assert _run([str(root), str(tmp_path / "a"), "--splits", "train"], capsys)[0] == 0
     rc, err, warned = _run([str(tar), str(tmp_path / "b"), "--split", "train"], capsys)
     assert rc == 0, err
@@ -129,9 +134,7 @@ def test_links_in_a_tar_are_refused_with_a_message_not_skipped(tmp_path, capsys,
     target = root / "train" / "n01" / "n01_0.JPEG"
     extra = root / "train" / "n03" / "linked.JPEG"
     (os.link if link == "hard" else os.symlink)(target, extra)
-    tar = tmp_path / "tree.tar"
-    with tarfile.open(tar, "w") as tf:
-        tf.add(root / "train", arcname="train")
+    tar = _train_tar(tmp_path / "tree.tar", root)
     rc, err, _ = _run([str(tar), str(tmp_path / "out"), "--split", "train"], capsys)
     assert rc == 2, err
     assert f"member train/n03/linked.JPEG is a {link} link" in err
@@ -176,9 +179,7 @@ def test_a_first_line_naming_a_class_seen_once_is_data_not_a_header(tmp_path, ca
 
 def test_a_bad_labels_file_fails_before_train_is_written(tmp_path, capsys):
     root = _tree(tmp_path / "tree")
-    train = tmp_path / "ILSVRC2012_img_train.tar"
-    with tarfile.open(train, "w") as tf:
-        tf.add(root / "train", arcname="train")
+    train = _train_tar(tmp_path / "ILSVRC2012_img_train.tar", root)
     val, _ = _val_tar(tmp_path)
     out = tmp_path / "out"
     rc, err, _ = _run([str(train), str(val), str(out), "--val-labels",
@@ -196,9 +197,7 @@ def test_a_bad_labels_file_fails_before_train_is_written(tmp_path, capsys):
 @pytest.mark.parametrize("bad", ["n99", "3"])  # an unknown class; an index past train's 3
 def test_val_labels_outside_train_classes_fail_before_train_is_written(tmp_path, capsys, bad):
     root = _tree(tmp_path / "tree")
-    train = tmp_path / "ILSVRC2012_img_train.tar"
-    with tarfile.open(train, "w") as tf:
-        tf.add(root / "train", arcname="train")
+    train = _train_tar(tmp_path / "ILSVRC2012_img_train.tar", root)
     val, names = _val_tar(tmp_path)
     labels = tmp_path / "val.txt"
     labels.write_text("".join(f"{n} {bad if i == 2 else 'n01'}\n" for i, n in enumerate(names)))
