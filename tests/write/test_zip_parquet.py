@@ -54,6 +54,7 @@ def test_kaggle_zip_gives_train_and_val_of_the_extracted_tree(synth_tree, tmp_pa
     assert got[0] == sorted(p.name for p in (synth_tree.root / "train").iterdir())
 
 
+@pytest.mark.needs("pyarrow")
 def test_hf_parquet_gives_the_trees_records_labels_and_class_names(synth_tree, lmdb_dir,
                                                                    tmp_path, capsys):
     files = hf_parquet(synth_tree.root, tmp_path / "imagenet-1k")
@@ -108,6 +109,7 @@ def test_a_zip_of_a_tree_gives_the_extracted_trees_records(synth_tree, lmdb_dir,
         assert rc == 2 and "['train', 'val']" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.needs("pyarrow")
 def test_parquet_with_named_columns_and_class_name_labels(synth_tree, lmdb_dir, tmp_path,
                                                           capsys):
     import pyarrow as pa
@@ -130,6 +132,7 @@ def test_parquet_with_named_columns_and_class_name_labels(synth_tree, lmdb_dir, 
     assert got[1][0][0].startswith("mine.parquet/")
 
 
+@pytest.mark.needs("pyarrow")
 def test_hf_test_split_is_refused_in_one_line(synth_tree, tmp_path, capsys):
     files = hf_parquet(synth_tree.root, tmp_path / "hf")
     test = [f for f in files if f.name.startswith("test")]
