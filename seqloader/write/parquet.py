@@ -161,7 +161,7 @@ class ParquetSource(Source):
 
     def _columns(self, table, where: str) -> tuple[list, list]:
         """(``(bytes, path)`` per row, labels) of one row group."""
-        import pyarrow as pa
+        pa, _ = _pq()
 
         col = table.column(self.image_column).combine_chunks()
         if pa.types.is_struct(col.type):

@@ -171,8 +171,17 @@ def zip_splits(path: str | Path, split: str | None, default: str | None) -> list
     """The splits ``path`` holds (a Kaggle zip or a dataset folder: those present;
     ``split``: that one alone); ``default`` is the split a zip of class folders holds."""
     path = Path(path)
-    layout = _layout([clean_name(i.filename) + ("/" if i.is_dir() else "")
-                      for i in _listing(path)], _stem(path), split or default or "")
+    names = [clean_name(i.filename) + ("/" if i.is_dir() else "") for i in _listing(path)]
+    layout = _layout(names, _stem(path), split or default or "")
+    if layout.kind == "dataset":  # (a flat split folder is not a class tree: said, not lost)
+        depth = layout.root.count("/") + 1
+        flat = [s for s in _SPLITS if s not in layout.splits and any(
+            n.startswith(f"{layout.root}{s}/") and n.count("/") == depth and
+            is_image_file(n.rsplit("/", 1)[-1]) for n in names)]
+        if flat:
+            warnings.warn(f"{path}: {layout.root}{flat[0]}/ holds images without class "
+                          "folders and is not written; extract it and preprocess it with "
+                          "--val-labels FILE", stacklevel=2)
     if layout.kind == "tree":
         if not (split or default):
             raise ValueError(f"cannot tell the split of {path} from its name; name it with "
@@ -302,6 +311,7 @@ class ZipSource(Source):
 
     def events(self, cursor: Cursor) -> Iterator[tuple[Item | ClassSeen, Cursor]]:
         start_file = cursor[0] if cursor else 0
+        _cached_listing.cache_clear()  # (~600 bytes a member: one listing held at a time)
         for k in range(start_file, len(self.files)):
             path, plan = self.files[k], self._plans[k]
             base = sum(self._file_sizes[:k])
