@@ -161,3 +161,43 @@ def test_kaggle_val_labels_are_checked_against_its_images_before_writing(synth_t
     lines = [ln for ln in err.splitlines() if not ln.startswith("warning:")]
     assert rc == 2 and len(lines) == 1 and "1 image(s) without a line" in lines[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_zip64_members_and_physical_order(synth_tree, lmdb_dir, tmp_path, capsys):
+    """ZIP64 records (as zip writes past 4 GiB or 65,535 members) are read; members are
+    read in the order they lie in the file, whatever the central directory's order."""
+    z = tmp_path / "train.zip"
+    members = _tree_members(synth_tree.root, "train")
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members:
+            with zf.open(name, "w", force_zip64=True) as f:
+                f.write(data)
+        zf.filelist.reverse()  # (the central directory written in reverse order)
+    with zipfile.ZipFile(z) as zf:
+        assert zf.infolist()[0].filename == members[-1][0]
+    from seqloader.write.inputs import open_source
+    from seqloader.write.sources import Item
+
+    names = [ev.name for ev, _ in open_source([z], split="train").events([])
+             if isinstance(ev, Item)]
+    assert names == [n.split("/", 1)[1] for n, _ in members]
+    rc, err = _run(["preprocess", str(z), str(tmp_path / "out")], capsys)
+    assert rc == 0, err
+    assert _content(tmp_path / "out" / "ILSVRC-train.lmdb") == _content(
+        lmdb_dir / "ILSVRC-train.lmdb")
+
+
+@pytest.mark.slow
+def test_preprocess_sequential_takes_the_kaggle_zip(synth_tree, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    z = kaggle_zip(synth_tree.root, tmp_path / KAGGLE_NAME)
+    proc = subprocess.run([sys.executable, str(repo / "preprocess_sequential.py"), str(z),
+                           str(tmp_path / "out"), "--no-progress", "--workers", "2"],
+                          env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "train: 48 records" in proc.stdout and "val: 12 records" in proc.stdout
