@@ -31,7 +31,7 @@ from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow.pool import WorkerPool
 from .dataflow.reading import LMDBData, LocallyShuffleData
-from .dataflow.stages import BatchData
+from .dataflow.batch import BatchData
 from .dataflow.shuffle import default_warmup
 from .resume import EpochState, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from . import targetregion
-from .mapbatch import Batch, MultiProcessMapAndBatchData
+from .batch import Batch
+from .mapbatch import MultiProcessMapAndBatchData
 
 __all__ = ["Delivery"]
 

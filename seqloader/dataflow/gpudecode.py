@@ -44,9 +44,8 @@ import torch
 
 from ..errors import RecordError
 from ..transforms.gpu import TensorRecipe, decode_jpegs
-from .batch import BatchSpec
+from .batch import Batch, BatchSpec
 from .gpugather import C, ON_GPU, REASONS, params_view, pixels_view
-from .mapbatch import Batch
 
 __all__ = ["GPUDecoder", "DecodeStats"]
 

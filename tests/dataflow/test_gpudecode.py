@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seqloader import GPUOptions, Loader, RecordError, WriteOptions, preprocess
-from seqloader.dataflow.batch import batch_rng
+from seqloader.dataflow.decode import batch_rng
 from seqloader.dataflow.gpudecode import GPUDecoder
 from seqloader.dataflow.gpugather import C, ON_GPU, REASONS, classify, params_view
 from seqloader.dataflow.mapbatch import MultiProcessMapAndBatchData

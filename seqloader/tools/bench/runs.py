@@ -236,7 +236,8 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     import msgpack
 
     from ...read.database import Database, open_database
-    from ...dataflow.batch import BatchSpec, batch_rng, decode_batch
+    from ...dataflow.batch import BatchSpec
+    from ...dataflow.decode import batch_rng, decode_batch
     from ...write.scan import Scan
     from ...transforms import adapt, compile_fused, decode_rgb
 
