@@ -80,7 +80,7 @@ class GPUDecoder:
 
     def batches(self, items: Iterator[Batch]
                 ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
-        """``(j, (images, labels))`` for each gathered :class:`~seqloader.dataflow.mapbatch.Batch`
+        """``(j, (images, labels))`` for each gathered :class:`~seqloader.dataflow.batch.Batch`
         of ``items`` (NOTE [ GPU stream ])."""
         thread = _DecodeThread(items, self._decoded, self.decode_stream)
         thread.start()

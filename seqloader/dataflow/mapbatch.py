@@ -86,7 +86,7 @@ def _gpu_spec(db: Any, transform: Callable, gpu: Any, common: dict) -> BatchSpec
 
 class MultiProcessMapAndBatchData(ProxyDataFlow):
     """Apply ``transform`` to the records of each batch of ``df`` (a
-    :class:`~seqloader.dataflow.stages.BatchData` over the reader stages) in
+    :class:`~seqloader.dataflow.batch.BatchData` over the reader stages) in
     ``num_workers`` processes, writing each batch straight into a shared-memory buffer.
 
     Yields ``[images, labels]`` per batch: ``images`` an array of ``[B, *sample_shape]``

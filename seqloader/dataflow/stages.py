@@ -27,7 +27,8 @@ from .base import DataFlow, ProxyDataFlow
 from .batch import BatchData
 from .decode import seed_global_rngs
 from .mapbatch import MultiProcessMapAndBatchData
-from .reading import LMDBData, LocallyShuffleData
+from .lmdbdata import LMDBData
+from .shuffle import LocallyShuffleData
 
 __all__ = ["DataFlow", "LMDBData", "LocallyShuffleData", "MapData", "MapDataComponent",
            "BatchData", "MultiProcessMapData", "MultiProcessMapAndBatchData"]
