@@ -204,7 +204,7 @@ def test_all_names_exist():
 
 # The layers, bottom up (docs/how-it-works.md): a module imports its own layer or those below.
 LAYERS = [
-    ("seqloader.errors", "seqloader.version"),
+    ("seqloader.errors", "seqloader.version", "seqloader.progress"),
     ("seqloader.format",),
     ("seqloader.read", "seqloader.transforms"),
     ("seqloader.dataflow", "seqloader.settings", "seqloader.resume"),

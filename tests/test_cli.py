@@ -25,3 +25,44 @@ def test_the_top_level_help_names_every_command():
     assert not missing, f"the top-level description leaves out {missing}"
     helps = {a.dest: a.help for a in sub._choices_actions}
     assert set(helps) == set(sub.choices) and all(helps.values())
+
+
+def _verify_stderr(path, *flags, tty: bool) -> str:
+    """What ``seqloader verify PATH`` writes to stderr: a pipe, or a terminal (a pty)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    cmd = [sys.executable, "-m", "seqloader", "verify", str(path), "--workers", "1", *flags]
+    if not tty:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stderr
+    main_fd, child_fd = pty.openpty()
+    fcntl.ioctl(child_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # (not 0 wide)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=child_fd)
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main_fd, 1 << 16)
+        except OSError:  # (EIO: the child closed the terminal)
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main_fd)
+    assert p.wait(120) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bars_only_on_a_terminal(lmdb_dir):
+    """A pipe or a log file gets no bar (it got every redraw); a terminal gets one, unless
+    --no-progress."""
+    assert _verify_stderr(lmdb_dir, tty=False) == ""
+    assert "verify: 100%" in _verify_stderr(lmdb_dir, tty=True)
+    assert "verify" not in _verify_stderr(lmdb_dir, "--no-progress", tty=True)

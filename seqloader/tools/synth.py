@@ -264,7 +264,7 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
             ``__main__`` guard needed; the caller's ``cv2.setNumThreads`` is
             set to 1 only while forking, then restored); elsewhere ``spawn``
             (callers need the usual ``if __name__ == "__main__":`` guard).
-        progress: show a tqdm progress bar.
+        progress: show a progress bar (on a terminal: NOTE [ bars on terminals only ]).
 
     Returns:
         A :class:`SynthReport`.
@@ -341,11 +341,11 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
             (root_p / split / wnid).mkdir(parents=True, exist_ok=True)
 
     # --- run
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     root_s = str(root_p)
     results: list[tuple[str, str, int]] = []
-    bar = tqdm(total=len(tasks), unit="img", desc="synth", disable=not progress,
+    bar = progress_bar(total=len(tasks), unit="img", desc="synth", progress=progress,
                dynamic_ncols=True)
     try:
         if workers == 1:

@@ -12,8 +12,8 @@ from typing import Callable, Iterator
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..version import __version__
 from ..read.database import file_meta, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
@@ -286,8 +286,8 @@ class ShardWriter:
         pending: list[tuple[bytes, bytes]] = []
         pending_bytes = 0
         label = f"{self.split}" + (f" {self.shard + 1}/{opt.shards}" if opt.shards > 1 else "")
-        bar = tqdm(total=stop - start, initial=meta.next_source, unit="img", desc=label,
-                   disable=not opt.progress, dynamic_ncols=True, smoothing=0.05)
+        bar = progress_bar(total=stop - start, initial=meta.next_source, unit="img", desc=label,
+                   progress=opt.progress, dynamic_ncols=True, smoothing=0.05)
         nbytes, t_last, rate = 0, time.perf_counter(), ""
         positions = range(start + meta.next_source, stop)
         # Commits (LMDB copy + write + fsync of ~64 MB) run in a background thread while the

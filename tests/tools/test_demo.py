@@ -33,11 +33,11 @@ def test_demo_says_the_batch_shape_and_the_bars_bad_count_is_the_reports(tmp_pat
     """It printed the last, partial batch's shape as the batch shape; the writer's bar
     kept the bad count of its last redraw (a second apart: "1 bad" where the report
     said 2)."""
-    from seqloader.write import shardwriter
+    from seqloader import progress
 
     postfixes = []
 
-    class Bar(shardwriter.tqdm):
+    class Bar(progress.tqdm):
         def __init__(self, *a, **kw):
             self.label, self.said = kw.get("desc"), None
             super().__init__(*a, **kw)
@@ -51,7 +51,7 @@ def test_demo_says_the_batch_shape_and_the_bars_bad_count_is_the_reports(tmp_pat
                 postfixes.append((self.label, self.said))
                 self.label = None
             super().close()
-    monkeypatch.setattr(shardwriter, "tqdm", Bar)
+    monkeypatch.setattr(progress, "tqdm", Bar)
     assert demo.run_demo(tmp_path, progress=False, classes=2, per_class=20, val_per_class=2,
                          size="small", batch_size=16) == 0
     out = capsys.readouterr().out

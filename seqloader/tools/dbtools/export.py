@@ -28,8 +28,8 @@ from typing import Any
 import cv2
 import msgpack
 import numpy as np
-from tqdm import tqdm
 
+from ...progress import progress_bar
 from ...errors import FormatError, OutputError, OutputExistsError
 from ...format.records import IMAGE_HEAD, Record, image_span, unpack_record
 from ...format.targets import decode_target
@@ -192,7 +192,7 @@ def _export_split(db: Database, staging: Path, to: str, targets: str, shard_byte
     else:
         (staging / f"{split}-classes.txt").write_text("".join(f"{c}\n" for c in classes))
     nbytes = 0
-    bar = tqdm(total=db.num_records, unit="rec", desc=f"export {split}", disable=not progress,
+    bar = progress_bar(total=db.num_records, unit="rec", desc=f"export {split}", progress=progress,
                dynamic_ncols=True, smoothing=0.05)
     try:
         for i, value in enumerate(stream(0, db.num_records)):
