@@ -10,9 +10,10 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import OutputExistsError
-from ...format.files import db_name, shard_path
+from ...format.files import db_name
 from ...read.database import Database, open_database, path_splits
-from .copier import CopyPlan, output_file, write_copy
+from ...write.overlap import refuse_overlap
+from .copier import CopyPlan, write_copy
 from .reshuffle import ShuffledValues
 from .stream import RecordStream, Selection, plan_fingerprint
 
@@ -57,12 +58,9 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output {out} is a file; name a folder (it is created if missing)")
-    inputs = {q.resolve() for p in parts for q in p.db.paths if isinstance(q, Path)}
+    refuse_overlap([q for p in parts for q in p.db.paths], out)
     if shards < 1:
         raise ValueError(f"--shards {shards}: give a number of files >= 1")
-    mine = {shard_path(output_file(out, split), k, shards).resolve() for k in range(shards)}
-    if (mine | {output_file(out, split).resolve()}) & inputs:
-        raise ValueError(f"{out} holds the database being read; write to another folder")
     bad_ids = [k for k in shard_ids or () if not 0 <= k < shards]
     if bad_ids:
         raise ValueError(f"--shard-ids {bad_ids} are not in 0..{shards - 1} (--shards {shards})")

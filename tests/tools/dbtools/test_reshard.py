@@ -76,7 +76,7 @@ def test_refuses_other_outputs_without_overwrite(lmdb_dir, tmp_path, capsys):
     assert err.count("\n") == 1 and "seqloader reshard: error:" in err and "--overwrite" in err
     reshard(lmdb_dir, out, split="val", shards=1, overwrite=True, progress=False)
     assert [p.name for p in sorted(out.glob("*.lmdb"))] == ["ILSVRC-val.lmdb"]
-    with pytest.raises(ValueError, match="another folder"):
+    with pytest.raises(ValueError, match="folder outside it"):
         reshard(lmdb_dir, lmdb_dir, split="val", shards=1, overwrite=True, progress=False)
 
 
