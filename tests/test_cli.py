@@ -66,3 +66,23 @@ def test_progress_bars_only_on_a_terminal(lmdb_dir):
     assert _verify_stderr(lmdb_dir, tty=False) == ""
     assert "verify: 100%" in _verify_stderr(lmdb_dir, tty=True)
     assert "verify" not in _verify_stderr(lmdb_dir, "--no-progress", tty=True)
+
+
+def test_a_missing_source_or_an_image_as_source_is_one_clear_line(synth_tree, tmp_path, capsys):
+    """It was "cannot tell the split of imagenett" (or "[Errno 2] ... PosixPath(...)" with
+    --split); a single .JPEG was "not a readable tar" (damaged)."""
+    missing = tmp_path / "imagenett"
+    for extra in ([], ["--split", "train"]):
+        assert main(["preprocess", str(missing), str(tmp_path / "o"), *extra]) == 2
+        assert capsys.readouterr().err.strip() == \
+            f"seqloader preprocess: error: no such file or folder: {missing}"
+    image = next((synth_tree.root / "train").rglob("*_0.JPEG"))
+    nameless = tmp_path / "picture"
+    nameless.write_bytes(image.read_bytes())
+    for src in (image, nameless):
+        assert main(["preprocess", str(src), str(tmp_path / "o"), "--split", "train"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"seqloader preprocess: error: {src} is an image file; a source "
+                              "is a folder tree"), err
+        assert len(err.splitlines()) == 1 and "tar" in err and "damaged" not in err
+    assert not (tmp_path / "o").exists()

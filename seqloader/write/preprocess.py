@@ -143,7 +143,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
     the classes of sources labelled by index (tensorpack LMDB files)."""
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
-    from .inputs import open_source
+    from .inputs import check_source_path, open_source
 
     opt = options or WriteOptions()
     if is_url(lmdb_dir):
@@ -155,6 +155,8 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                          "supported for archive sources yet; preprocess them as JPEG, or the "
                          "extracted folder tree with --format pixels")
     out = Path(lmdb_dir)
+    for f in sources:
+        check_source_path(f)
     refuse_overlap(sources, out)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output folder {out} is a file; name a folder (it is created "
