@@ -156,6 +156,18 @@ def _writer_options(w: dict | None) -> str:
     return ", ".join(opts)
 
 
+def _order(info: dict[str, Any]) -> str:
+    """How the records are ordered (NOTE [ order of a copy ] for the tools' copies)."""
+    tool = (info["writer"] or {}).get("tool") or {}
+    if info["shuffled"]:
+        return (f"shuffled, seed {info['seed']}" if info["seed"] is not None else
+                "shuffled (several shuffled sources in turn: no one seed)")
+    orders = tool.get("source_orders")
+    if orders and "shuffled" in orders:
+        return f"the sources' orders in turn ({', '.join(orders)})"
+    return "sorted"
+
+
 def _count_range(lo: int, hi: int) -> str:
     """``60`` when every class has 60 images, ``55-60`` when they differ."""
     return str(lo) if lo == hi else f"{lo}-{hi}"
@@ -200,7 +212,7 @@ def format_info(info: dict[str, Any]) -> str:
                      f"{rb['mean'] / 1024:.1f} KiB, 1-99 % {rb['p1'] / 1024:.1f}-"
                      f"{rb['p99'] / 1024:.1f} KiB, max {rb['max'] / 1024:.1f} KiB")
     lines += [
-        f"  order: {'shuffled, seed ' + str(info['seed']) if info['shuffled'] else 'sorted'}; "
+        f"  order: {_order(info)}; "
         f"{info['bad_files']} bad source file(s) skipped, {info['warned_files']} stored with a "
         "decoder warning",
         f"  fingerprint {info['fingerprint']}; checksum ({info['checksum_algorithm']}) "

@@ -70,15 +70,19 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
         raise ValueError(f"split {split!r}: no records chosen; nothing to write")
     first = parts[0].db.metas[0]
     template = dataclasses.replace(first, classes=list(classes))
-    dbs = list({id(p.db): p.db for p in parts}.values())  # the sources' skipped files
-    template.bad_files = [b for db in dbs for m in db.metas for b in m.bad_files]
-    template.warned_files = [b for db in dbs for m in db.metas for b in m.warned_files]
+    dbs = list({id(p.db): p.db for p in parts}.values())
+    template.bad_files = _once(b for db in dbs for m in db.metas for b in m.bad_files)
+    template.warned_files = _once(b for db in dbs for m in db.metas for b in m.warned_files)
     labels = stream.labels()
     fp = plan_fingerprint(op, parts, split, classes, shards, shuffle, seed if shuffle else None)
+    orders = [db.metas[0].shuffled for db in dbs]
     plan = CopyPlan(split, n, labels, template, fp, shards, shard_ids,
-                    shuffled=shuffle or (keeps_order and first.shuffled),
+                    # NOTE [ order of a copy ]
+                    shuffled=shuffle or all(orders),
                     seed=seed if shuffle else (first.seed if keeps_order else None),
-                    provenance={"command": op, **(provenance or {})})
+                    provenance={"command": op, **(provenance or {}),
+                                **({} if shuffle or keeps_order else {"source_orders": [
+                                    ("shuffled" if o else "sorted") for o in orders]})})
     values = stream
     shuffler = None
     try:
@@ -101,6 +105,27 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
     ids = range(shards) if shard_ids is None else shard_ids
     written = sum(round((k + 1) * n / shards) - round(k * n / shards) for k in set(ids))
     return CopyReport(split, paths, n, list(classes), written, first.target_kind)
+
+
+# NOTE [ order of a copy ]
+# The metadata's ``shuffled`` and ``seed`` say how a copy's records are ordered: a
+# reshuffle (merge --shuffle): shuffled, its seed; one source's records in its order
+# (reshard, subset, a merge of one database): the source's flag and seed (a selection
+# of a shuffled order is in random order too); several sources in turn: shuffled when
+# every source is (the order is random, but no one seed makes it: seed None), else not,
+# with each source's order in ``writer["tool"]["source_orders"]`` for ``info``.
+
+
+def _once(entries) -> list:
+    """The sources' bad (or warned) file entries, each once: copies of one database
+    (a subset and its complement, merged) carry the same entries, which are one file."""
+    seen, out = set(), []
+    for e in entries:
+        key = tuple(e)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
 
 
 def reshard(path: str | Path, out: str | Path, *, split: str | None = None, shards: int = 1,
