@@ -86,3 +86,56 @@ def test_a_missing_source_or_an_image_as_source_is_one_clear_line(synth_tree, tm
                               "is a folder tree"), err
         assert len(err.splitlines()) == 1 and "tar" in err and "damaged" not in err
     assert not (tmp_path / "o").exists()
+
+
+_WITHOUT = """
+import sys
+blocked = set(sys.argv[1].split(","))
+
+class Block:  # as if these packages were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Block())
+from seqloader.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("blocked, argv", [
+    ("fsspec,aiohttp,requests,s3fs", ["info", "http://127.0.0.1:9/db/ILSVRC-train.lmdb"]),
+    ("aiohttp,requests", ["verify", "https://127.0.0.1:9/db/ILSVRC-train.lmdb"]),
+    ("s3fs", ["info", "s3://bucket/db", "--split", "train"]),
+    ("fsspec", ["bench", "http://127.0.0.1:9/db/ILSVRC-train.lmdb"]),
+])
+def test_a_url_without_the_remote_extra_is_one_line_naming_the_install(blocked, argv, tmp_path):
+    """It was a 24-line traceback ending in fsspec's ImportError about requests/aiohttp."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _WITHOUT, blocked, *argv], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1, p.stderr
+    assert err[0].startswith(f"seqloader {argv[0]}: error: reading ") and \
+        "needs seqloader's remote extra (" in err[0] and "pip install 'seqloader[remote]'" in err[0]
+    assert "requests" not in err[0], err[0]
+
+
+def test_the_remote_extra_installs_what_fsspec_needs_for_http_and_s3():
+    """fsspec's own 'http' extra and s3fs: what `pip install 'seqloader[remote]'` gets."""
+    import importlib.metadata as md
+    import re
+    from pathlib import Path
+
+    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    remote = re.search(r'"remote":\s*\[([^\]]*)\]', setup)[1]
+    have = {re.split(r"[<>=!\[; ]", r.strip().strip('"'))[0].lower() for r in remote.split(",")}
+    try:
+        reqs = md.requires("fsspec") or []
+    except md.PackageNotFoundError:
+        pytest.skip("fsspec is not installed here: its extras cannot be read")
+    http = {re.split(r"[<>=!\[; ]", r)[0].lower() for r in reqs if "extra == 'http'" in r}
+    assert http and http <= have, f"fsspec[http] needs {http}; the remote extra has {have}"
+    assert {"fsspec", "s3fs"} <= have

@@ -42,7 +42,7 @@ from ..format.files import bad_files_path, db_name, shard_path
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
 from ..read.lmdbpages import lookup_first_leaf
-from ..read.remote import safe_url
+from ..read.remote import remote_extra_missing, safe_url
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
 from .outfiles import write_report
@@ -74,14 +74,13 @@ class Uploader:
 
     def __init__(self, url: str, *, staging: str | Path | None = None,
                  storage_options: dict | None = None, part_bytes: int | None = None):
+        self.url = url.rstrip("/")
         try:
             import fsspec
-        except ImportError:
-            raise ImportError(f"writing to {safe_url(url)} needs fsspec (and the package of its "
-                              "protocol, e.g. s3fs): in a clone of seqloader, "
-                              "pip install -c constraints.txt -e '.[remote]'") from None
-        self.url = url.rstrip("/")
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+
+            self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        except ImportError as e:
+            raise remote_extra_missing(f"writing to {safe_url(url)}", e) from None
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self.atomic = bool(set(protocols) & ATOMIC_PROTOCOLS)
         self.staging = Path(staging) if staging is not None else default_staging(self.url)
