@@ -121,8 +121,11 @@ def run_preprocess(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{', '.join(given)}: for archive sources; a folder tree's splits "
                              "are its folders (--splits) and its order needs no scratch: drop it")
+        from .read.remote import default_options
+
         reports = preprocess(args.sources[0], args.lmdb_dir, splits=args.splits,
-                             val_labels=args.val_labels, options=opt, staging=args.staging)
+                             val_labels=args.val_labels, options=opt, staging=args.staging,
+                             storage_options=default_options().storage_options or None)
     else:
         if any(Path(s).is_dir() and not (Path(s) / "data.mdb").exists() for s in args.sources):
             raise ValueError("give one folder tree, or archive files; not both")

@@ -139,3 +139,81 @@ def test_the_remote_extra_installs_what_fsspec_needs_for_http_and_s3():
     http = {re.split(r"[<>=!\[; ]", r)[0].lower() for r in reqs if "extra == 'http'" in r}
     assert http and http <= have, f"fsspec[http] needs {http}; the remote extra has {have}"
     assert {"fsspec", "s3fs"} <= have
+
+
+@pytest.fixture
+def moto_db(lmdb_dir, tmp_path):
+    """``lmdb_dir`` in a public bucket (public-read) of moto's S3 server on loopback:
+    (server, folder URL)."""
+    import boto3
+    import remote_servers as rs
+
+    server = rs.MotoServer(tmp_path)
+    try:
+        s3 = boto3.client("s3", aws_access_key_id=rs.KEY, aws_secret_access_key=rs.SECRET,
+                          endpoint_url=server.endpoint, region_name="us-east-1")
+        s3.create_bucket(Bucket="public", ACL="public-read")
+        for f in sorted(lmdb_dir.iterdir()):
+            if f.is_file():
+                s3.upload_file(str(f), "public", f"imagenet/{f.name}",
+                               ExtraArgs={"ACL": "public-read"})
+        yield server, "s3://public/imagenet"
+    finally:
+        server.stop()
+
+
+def _without_aws_settings(tmp_path, **extra) -> dict:
+    """The environment with no AWS credentials, endpoint, region or config file: what the
+    command line gives is all the command has."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), **extra}
+
+
+@pytest.mark.slow  # (~15 s: a moto server and five commands in processes)
+@pytest.mark.needs("s3fs", "moto")
+def test_the_command_line_reaches_an_s3_endpoint_and_a_public_bucket(moto_db, tmp_path):
+    """--endpoint-url and --anon (no way to give them before: the hint said
+    storage_options, which the command line did not take)."""
+    import subprocess
+    import sys
+
+    import remote_servers as rs
+
+    server, url = moto_db
+    run = lambda argv, env: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "seqloader", *argv], capture_output=True, text=True,
+        timeout=120, env=env, cwd=tmp_path)
+    anon = _without_aws_settings(tmp_path)
+    p = run(["info", url, "--split", "val", "--endpoint-url", server.endpoint, "--anon"], anon)
+    assert p.returncode == 0 and "12 records" in p.stdout, p.stderr
+    keyed = _without_aws_settings(tmp_path, AWS_ACCESS_KEY_ID=rs.KEY,
+                                  AWS_SECRET_ACCESS_KEY=rs.SECRET)
+    p = run(["verify", url, "--endpoint-url", server.endpoint, "--no-progress",
+             "--workers", "1"], keyed)
+    assert p.returncode == 0 and "val: 12 records checked: OK" in p.stdout, p.stderr
+    p = run(["subset", url, "sub", "--split", "val", "--per-class", "1", "--anon",
+             "--endpoint-url", server.endpoint, "--no-progress"], anon)
+    assert p.returncode == 0 and "val: 4 records" in p.stdout, p.stderr
+    p = run(["export", url, "tree", "--split", "val", "--no-sign-request",
+             "--endpoint-url", server.endpoint, "--no-progress"], anon)
+    assert p.returncode == 0 and (tmp_path / "tree" / "val").is_dir(), p.stderr
+    # without them: no endpoint (the real AWS, unreachable here) -- never the local server
+    before = server.gets("imagenet/")
+    p = run(["info", url, "--split", "val", "--remote-deadline", "2", "--remote-timeout", "1"],
+            anon)
+    assert p.returncode == 2 and server.gets("imagenet/") == before
+
+
+def test_s3_options_on_other_paths_are_one_line(lmdb_dir, capsys):
+    for argv in (["info", str(lmdb_dir), "--anon"],
+                 ["info", "https://example.invalid/db/ILSVRC-val.lmdb", "--endpoint-url",
+                  "http://127.0.0.1:9"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "for s3:// URLs" in err, err
+    with pytest.raises(SystemExit):
+        main(["info", "s3://b/x", "--endpoint-url", "127.0.0.1:9"])
+    assert "expected an http:// or https:// URL" in capsys.readouterr().err

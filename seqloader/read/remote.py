@@ -43,7 +43,7 @@ from .bytesource import Part
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
            "RemoteStream", "default_options", "filesystem", "is_url", "safe_url",
            "set_default_budget", "stat_remote", "strong_etag", "with_timeout",
-           "REMOTE_EXTRA", "remote_extra_missing"]
+           "REMOTE_EXTRA", "remote_extra_missing", "set_default_storage_options"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -117,10 +117,22 @@ def set_default_budget(timeout: float | None = None, deadline: float | None = No
             _DEFAULT_BUDGET[name] = float(value)
 
 
+_DEFAULT_STORAGE: dict = {}
+
+
+def set_default_storage_options(storage_options: dict) -> None:
+    """Set (replace) the ``storage_options`` of :func:`default_options`: for the whole
+    process, the command line's ``--anon`` and ``--endpoint-url``; code passes
+    ``RemoteOptions(storage_options=...)`` instead."""
+    _DEFAULT_STORAGE.clear()
+    _DEFAULT_STORAGE.update(storage_options)
+
+
 def default_options() -> RemoteOptions:
-    """``RemoteOptions()`` with the budget :func:`set_default_budget` set, if any."""
+    """``RemoteOptions()`` with the budget :func:`set_default_budget` and the storage
+    options :func:`set_default_storage_options` set, if any."""
     t, d = _DEFAULT_BUDGET.get("timeout"), _DEFAULT_BUDGET.get("deadline")
-    o = RemoteOptions()
+    o = RemoteOptions(storage_options=dict(_DEFAULT_STORAGE))
     return dataclasses.replace(
         o, timeout=o.timeout if t is None else t,
         connect_timeout=o.connect_timeout if t is None else min(o.connect_timeout, t),
