@@ -38,9 +38,9 @@ import traceback
 from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
-           "DamagedArchiveError", "NotFoundError", "OutputExistsError", "MissingExtraError", "NoRecordsError",
-           "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
-           "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
+           "DamagedArchiveError", "NotFoundError", "OutputExistsError", "MissingExtraError",
+           "NoRecordsError", "BadImageError", "RemoteError", "RemoteTimeoutError",
+           "RemoteUnreachableError", "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
            "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError",
            "RemoteTraceback", "USER_ERRORS", "one_line"]
 

@@ -27,6 +27,82 @@ OPTIONAL = {
 _PROGRAMS = {"jpegtran", "nginx"}
 
 
+# NOTE [ a test run leaves nothing ]
+# Each run gets its own temp folder (tempfile's and $TMPDIR, for subprocesses too), so
+# what the run leaves is known at its end, whatever else runs on the machine: pytest's
+# own tmp_path folders go when the run passes (pytest.ini: tmp_path_retention_policy),
+# anything else left there fails the run, naming it, and is removed; a shared-memory
+# file the run left in /dev/shm (shared with other processes: a warning) is named too.
+_RUN_TMP: dict[str, object] = {}
+
+
+def pytest_configure(config):
+    import tempfile
+
+    parent = tempfile.gettempdir()
+    run_tmp = tempfile.mkdtemp(prefix="seqloader-tests-", dir=parent)
+    _RUN_TMP.update(path=run_tmp, environ=os.environ.get("TMPDIR"), tempdir=tempfile.tempdir,
+                    shm=set(_shm_files()))
+    os.environ["TMPDIR"] = run_tmp
+    tempfile.tempdir = run_tmp
+
+
+def _shm_files() -> list[str]:
+    try:
+        return os.listdir("/dev/shm")
+    except OSError:
+        return []
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path) and not os.path.islink(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+                   if not os.path.islink(os.path.join(d, f)))
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+@pytest.hookimpl(trylast=True)  # (after pytest has removed its own tmp_path folders)
+def pytest_sessionfinish(session, exitstatus):
+    import tempfile
+
+    run_tmp = _RUN_TMP.pop("path", None)
+    if run_tmp is None:
+        return
+    tempfile.tempdir = _RUN_TMP["tempdir"]
+    if _RUN_TMP["environ"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = _RUN_TMP["environ"]
+    import multiprocessing
+
+    own = multiprocessing.current_process()._config.get("tempdir")  # (removed at exit)
+    left = sorted(e for e in os.listdir(run_tmp)
+                  if not (e.startswith("pytest-of-") and exitstatus != 0)
+                  and os.path.join(run_tmp, e) != own)
+    report = session.config.pluginmanager.get_plugin("terminalreporter")
+    if left:
+        sizes = ", ".join(f"{e} ({_size(os.path.join(run_tmp, e)) / 2**20:.1f} MiB)" for e in left)
+        msg = (f"the test run left {len(left)} item(s) in its temp folder: {sizes}; a test "
+               "writes under tmp_path and removes what else it (or the code) makes")
+        if report is not None:
+            report.write_line(f"ERROR: {msg}", red=True)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for e in left:
+            path = os.path.join(run_tmp, e)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+    try:
+        os.rmdir(run_tmp)  # (it holds what pytest keeps of a failed run: then it stays)
+    except OSError:
+        if report is not None:
+            report.write_line(f"the failed tests' tmp_path folders are kept in {run_tmp}")
+    shm = sorted(set(_shm_files()) - _RUN_TMP["shm"])
+    if shm and report is not None:
+        report.write_line(f"WARNING: /dev/shm holds {len(shm)} file(s) it did not hold when the "
+                          f"run started (this run's, or another process's): {shm[:5]}",
+                          yellow=True)
+
+
 def available(name: str) -> bool:
     if name in _PROGRAMS:
         return shutil.which(name) is not None or os.path.exists(f"/usr/sbin/{name}")

@@ -346,7 +346,7 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
     root_s = str(root_p)
     results: list[tuple[str, str, int]] = []
     bar = progress_bar(total=len(tasks), unit="img", desc="synth", progress=progress,
-               dynamic_ncols=True)
+                       dynamic_ncols=True)
     try:
         if workers == 1:
             for t in tasks:

@@ -163,7 +163,8 @@ class _Spill:
         prepared = (process_map(_prepare_item, it, workers=workers)
                     if workers > 1 and hasattr(os, "fork") else map(_prepare_item, it))
         with open(self.path, "wb") as f, progress_bar(unit="img", desc=f"{split} (read)",
-                                               progress=progress, dynamic_ncols=True) as bar:
+                                                      progress=progress,
+                                                      dynamic_ncols=True) as bar:
             for pos, value, digest_or_why, warned, label in prepared:
                 if value is None:
                     self.entries.append((0, 0, str(digest_or_why), None, -1))

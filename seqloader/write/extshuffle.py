@@ -144,8 +144,8 @@ class _Pass1:
         keys, key0 = np.empty(0, np.uint64), st["records"]
         seen = set(st["classes"])
         bar = progress_bar(total=self.source.total_bytes(), initial=st["position"], unit="B",
-                   unit_scale=True, desc=f"{self.split} pass 1: read", dynamic_ncols=True,
-                   progress=opt.progress, smoothing=0.05)
+                           unit_scale=True, desc=f"{self.split} pass 1: read", dynamic_ncols=True,
+                           progress=opt.progress, smoothing=0.05)
         pending = 0
         try:  # bytes only: images are prepared in pass 2 (NOTE [ checks in pass 2 ])
             for ev, cursor in self.source.events(st["cursor"]):

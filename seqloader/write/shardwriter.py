@@ -286,8 +286,8 @@ class ShardWriter:
         pending: list[tuple[bytes, bytes]] = []
         pending_bytes = 0
         label = f"{self.split}" + (f" {self.shard + 1}/{opt.shards}" if opt.shards > 1 else "")
-        bar = progress_bar(total=stop - start, initial=meta.next_source, unit="img", desc=label,
-                   progress=opt.progress, dynamic_ncols=True, smoothing=0.05)
+        bar = progress_bar(total=stop - start, initial=meta.next_source, unit="img",
+                           desc=label, progress=opt.progress, dynamic_ncols=True, smoothing=0.05)
         nbytes, t_last, rate = 0, time.perf_counter(), ""
         positions = range(start + meta.next_source, stop)
         # Commits (LMDB copy + write + fsync of ~64 MB) run in a background thread while the

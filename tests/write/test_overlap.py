@@ -70,7 +70,8 @@ def test_the_copy_tools_refuse_to_write_over_their_source(copy, tmp_path, capsys
     for argv in (["reshard", "lmdbcopy/ILSVRC-train.lmdb", "lmdbcopy", "--shards", "2"],
                  ["reshard", "lmdbcopy", f"{link}/..", "--shards", "2"],
                  ["subset", link, "lmdbcopy", "--fraction", "0.5"],
-                 ["subset", "lmdbcopy", "lmdbcopy/../lmdbcopy", "--split", "val", "--per-class", "1"],
+                 ["subset", "lmdbcopy", "lmdbcopy/../lmdbcopy", "--split", "val",
+                  "--per-class", "1"],
                  ["merge", "lmdbcopy/ILSVRC-train.lmdb", "lmdbcopy/ILSVRC-val.lmdb", link,
                   "--into", "trainval"],
                  ["merge", "lmdbcopy", tmp_path / "elsewhere", "--shuffle", "--scratch", "s"]):

@@ -193,8 +193,8 @@ def _export_split(db: Database, staging: Path, to: str, targets: str, shard_byte
     else:
         (staging / f"{split}-classes.txt").write_text("".join(f"{c}\n" for c in classes))
     nbytes = 0
-    bar = progress_bar(total=db.num_records, unit="rec", desc=f"export {split}", progress=progress,
-               dynamic_ncols=True, smoothing=0.05)
+    bar = progress_bar(total=db.num_records, unit="rec", desc=f"export {split}",
+                       progress=progress, dynamic_ncols=True, smoothing=0.05)
     try:
         for i, value in enumerate(stream(0, db.num_records)):
             rec = stored_record(value, f"{db.paths[0]} record {i}")
@@ -244,7 +244,7 @@ def export(path: str | Path, out: str | Path, *, to: str = "tree", split: str | 
     dbs = [open_database(path, s) for s in path_splits(path, split)]
     whole = Path(os.path.abspath(out))  # (an output of ".": its name is the folder's)
     staging = whole.with_name(whole.name + ".partial")
-    for where in (out, staging):  # (--overwrite removes the folder: NOTE [ outputs apart from inputs ])
+    for where in (out, staging):  # (NOTE [ outputs apart from inputs ]: --overwrite removes it)
         refuse_overlap([p for db in dbs for p in db.paths], where)
     identity = _identity(dbs, to, targets, shard_bytes)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
