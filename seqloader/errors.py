@@ -40,9 +40,9 @@ from typing import Any
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
            "DamagedArchiveError", "NotFoundError", "OutputExistsError", "MissingExtraError",
            "NoRecordsError", "BadImageError", "RemoteError", "RemoteTimeoutError",
-           "RemoteUnreachableError", "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
-           "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError",
-           "RemoteTraceback", "USER_ERRORS", "one_line"]
+           "RemoteUnreachableError", "RemoteAccessError", "RemoteNotFoundError",
+           "RemoteChangedError", "RemoteDataError", "WorkerError", "RecordError",
+           "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback", "USER_ERRORS", "one_line"]
 
 
 class SeqloaderError(Exception):
