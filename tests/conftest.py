@@ -76,9 +76,18 @@ def pytest_sessionfinish(session, exitstatus):
     import multiprocessing
 
     own = multiprocessing.current_process()._config.get("tempdir")  # (removed at exit)
-    left = sorted(e for e in os.listdir(run_tmp)
-                  if not (e.startswith("pytest-of-") and exitstatus != 0)
-                  and os.path.join(run_tmp, e) != own)
+    left = []
+    for e in sorted(os.listdir(run_tmp)):
+        path = os.path.join(run_tmp, e)
+        if path == own:
+            continue
+        if e.startswith("pytest-of-"):  # pytest's: its runs' folders, removed if it passed
+            if exitstatus != 0:
+                continue
+            if _size(path) == 0:
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+        left.append(e)
     report = session.config.pluginmanager.get_plugin("terminalreporter")
     if left:
         sizes = ", ".join(f"{e} ({_size(os.path.join(run_tmp, e)) / 2**20:.1f} MiB)" for e in left)
@@ -96,11 +105,30 @@ def pytest_sessionfinish(session, exitstatus):
     except OSError:
         if report is not None:
             report.write_line(f"the failed tests' tmp_path folders are kept in {run_tmp}")
-    shm = sorted(set(_shm_files()) - _RUN_TMP["shm"])
+    shm = _orphans(sorted(set(_shm_files()) - _RUN_TMP["shm"]))
     if shm and report is not None:
-        report.write_line(f"WARNING: /dev/shm holds {len(shm)} file(s) it did not hold when the "
-                          f"run started (this run's, or another process's): {shm[:5]}",
-                          yellow=True)
+        report.write_line(f"WARNING: /dev/shm holds {len(shm)} file(s) made during the run that "
+                          f"no process has open or mapped (leaked): {shm[:5]}", yellow=True)
+
+
+def _orphans(names: list[str]) -> list[str]:
+    """Those of the /dev/shm files ``names`` that no live process has open or mapped: a
+    file another process (another test run on the machine) is using is not a leak."""
+    if not names:
+        return []
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used.update(line.rsplit("/dev/shm/", 1)[1].split()[0]
+                            for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:  # (the process ended, or is not ours to look at)
+            continue
+    return [n for n in names if n not in used and os.path.exists(f"/dev/shm/{n}")]
 
 
 def available(name: str) -> bool:
