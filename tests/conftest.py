@@ -34,6 +34,7 @@ _PROGRAMS = {"jpegtran", "nginx"}
 # anything else left there fails the run, naming it, and is removed; a shared-memory
 # file the run left in /dev/shm (shared with other processes: a warning) is named too.
 _RUN_TMP: dict[str, object] = {}
+_TORCH_CACHE = "torchinductor-cache"
 
 
 def pytest_configure(config):
@@ -45,6 +46,9 @@ def pytest_configure(config):
                     shm=set(_shm_files()))
     os.environ["TMPDIR"] = run_tmp
     tempfile.tempdir = run_tmp
+    # (importing torch._dynamo, as lightning does, makes torch's compile cache folder
+    # there: named, so that an empty one is known and removed at the end)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(run_tmp, _TORCH_CACHE))
 
 
 def _shm_files() -> list[str]:
@@ -73,6 +77,8 @@ def pytest_sessionfinish(session, exitstatus):
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = _RUN_TMP["environ"]
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").startswith(run_tmp):
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
     import multiprocessing
 
     own = multiprocessing.current_process()._config.get("tempdir")  # (removed at exit)
@@ -81,12 +87,11 @@ def pytest_sessionfinish(session, exitstatus):
         path = os.path.join(run_tmp, e)
         if path == own:
             continue
-        if e.startswith("pytest-of-"):  # pytest's: its runs' folders, removed if it passed
-            if exitstatus != 0:
-                continue
-            if _size(path) == 0:
-                shutil.rmtree(path, ignore_errors=True)
-                continue
+        if e.startswith("pytest-of-") and exitstatus != 0:
+            continue  # (pytest keeps a failed run's failed tests' folders)
+        if (e.startswith("pytest-of-") or e == _TORCH_CACHE) and _size(path) == 0:
+            shutil.rmtree(path, ignore_errors=True)  # (empty: pytest's, torch's bookkeeping)
+            continue
         left.append(e)
     report = session.config.pluginmanager.get_plugin("terminalreporter")
     if left:
