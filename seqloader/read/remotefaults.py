@@ -19,6 +19,9 @@ Every remote request -- data GETs, HEADs, listings, ``exists`` -- runs under one
   by that failure, so a dead server is never "not found";
   an exhausted budget raises :class:`RemoteTimeoutError` when the last attempt timed out,
   else :class:`RemoteUnreachableError`;
+* a refused connection is said once per server and process, at its first retry (a
+  ``RuntimeWarning``: "URL: connection refused; retrying until HH:MM:SS"), so a
+  restart that is being waited for is not a minute of silence;
 * an ``abort`` event (set by the stream when one block has failed, or closed) stops
   every other block's retries at once: the first error is raised, nothing keeps
   retrying behind it, and the process exits promptly.
@@ -28,10 +31,12 @@ Every message passes through :func:`redact`: URLs lose their user info and query
 """
 from __future__ import annotations
 
+import os
 import random
 import re
 import threading
 import time
+import warnings
 from typing import Any, Callable, TypeVar
 
 from ..errors import (RemoteAccessError, RemoteChangedError, RemoteError, RemoteNotFoundError,
@@ -242,6 +247,21 @@ def error_for(e: BaseException, where: str, url: str = "", *, attempts: int = 1,
     return err
 
 
+_WARNED: set[tuple[int, str]] = set()  # (pid, server) told of a refused connection
+
+
+def _say_retrying(e: BaseException, url: str, end: float) -> None:
+    """Warn once per server and process that a refused connection is being retried."""
+    host = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", safe_url(url)).split("/", 1)[0]
+    key = (os.getpid(), host)
+    if not _refused(e) or key in _WARNED:
+        return
+    _WARNED.add(key)
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + end - time.monotonic()))
+    warnings.warn(f"{safe_url(url)}: connection refused; retrying until {until} (the "
+                  f"remote deadline; {_BUDGET})", RuntimeWarning, stacklevel=3)
+
+
 def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
              abort: threading.Event | None = None) -> T:
     """``call(attempt_timeout)`` under NOTE [ remote time budget ]: retried on transient
@@ -277,6 +297,7 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
             raise error_for(last, where, url, attempts=attempt,
                             elapsed=time.monotonic() - start) from None
         delay = min(delay, left - 0.05)
+        _say_retrying(last, url, end)
         if abort is not None:
             if abort.wait(delay):
                 raise Aborted(where)
