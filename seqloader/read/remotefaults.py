@@ -13,8 +13,9 @@ Every remote request -- data GETs, HEADs, listings, ``exists`` -- runs under one
   proxy restart of ~30-45 s, and a dead or silent server is reported in at most
   ``deadline`` (+ one ``connect_timeout``) seconds;
 * permanent faults are raised at once: 401/403 and missing or partial credentials
-  (:class:`RemoteAccessError`), 404 (:class:`RemoteNotFoundError`), 412 or a changed
-  size (:class:`RemoteChangedError`); a ``FileNotFoundError`` that only wraps another
+  (:class:`RemoteAccessError`), 404 (:class:`RemoteNotFoundError`), 412, 416 (a range
+  inside the size seen at opening) or a changed size (:class:`RemoteChangedError`); a
+  ``FileNotFoundError`` that only wraps another
   failure (fsspec's HTTP ``info`` turns a refused connection into one) is classified
   by that failure, so a dead server is never "not found";
   an exhausted budget raises :class:`RemoteTimeoutError` when the last attempt timed out,
@@ -152,8 +153,8 @@ def classify(e: BaseException) -> str:
     if isinstance(e, TimeoutError) or "Timeout" in type(e).__name__:
         return "transient"  # (whatever status an earlier exception in its context had)
     status = status_of(e)
-    if status == 412 or isinstance(e, RemoteChangedError):
-        return "changed"
+    if status in (412, 416) or isinstance(e, RemoteChangedError):
+        return "changed"  # (416: a range within the size seen at opening is past the end now)
     if status in (401, 403) or isinstance(e, PermissionError):
         return "access"
     if status == 404 or isinstance(e, FileNotFoundError):
