@@ -117,7 +117,7 @@ class _Watchdog:
 
     def watch(self, sock: socket.socket, deadline: float) -> int:
         with self.cond:
-            if self.pid != os.getpid():  # (first use, or a forked child: no thread yet)
+            if self.pid != os.getpid():  # (first use: no thread yet)
                 self.heap, self.live, self.pid = [], set(), os.getpid()
                 threading.Thread(target=self._run, name="seqloader-http-deadline",
                                  daemon=True).start()
@@ -157,6 +157,17 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+
+
+def _after_fork() -> None:
+    """A forked child gets a watchdog of its own (its parent's lock may be held and its
+    thread is not there)."""
+    global _watchdog
+    _watchdog = _Watchdog()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _no_proxy_for(url: str) -> bool:
@@ -266,7 +277,8 @@ def _get_once(url: str, start: int, buf: memoryview, etag: str | None, timeout: 
             conn.connect()
         sock = conn.sock  # (a response that closes the connection takes it over)
         sock.settimeout(max(0.01, deadline - time.monotonic()))
-        token = _watchdog.watch(sock, deadline)
+        wd = _watchdog
+        token = wd.watch(sock, deadline)
         if abort is not None:
             with _lock:
                 _active[me] = (abort, sock)
@@ -309,7 +321,7 @@ def _get_once(url: str, start: int, buf: memoryview, etag: str | None, timeout: 
             raise TimeoutError(f"GET took longer than {timeout:g} s") from None  # (watchdog)
         raise
     finally:
-        if token is not None and not _watchdog.done(token):
+        if token is not None and not wd.done(token):
             done = False
         if abort is not None:
             with _lock:
