@@ -9,12 +9,13 @@
 trees (a checkout or ``git worktree`` of each commit), each put first on
 ``PYTHONPATH`` of its runs.  moto's S3 server (the database uploaded to it) and nginx
 (serving ``DB``) start once, on 127.0.0.1 (``tests/remote_servers.py``); then runs
-alternate A, B, A, B... (``--rounds``), each a new process reading the whole split raw
+alternate A B, B A, A B... (``--rounds``), each a new process reading the whole split raw
 with a :class:`~seqloader.read.reader.RangeReader` (default ``RemoteOptions``: records
 checked on arrival, no cache) for ``--epochs`` passes after a warm-up pass, from S3
 then from HTTP: payload MB/s and the client's CPU seconds per GB.  Loopback is a fast
 link with no latency: what it measures is the client's per-GET and per-record cost.
-Prints one JSON document: every run, and per server the median of each tree and B/A.
+Prints one JSON document: every run, and per server the median of each tree, the
+ratio of the medians and the median of the rounds' A/B ratios.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def main() -> int:
     ap.add_argument("--b", required=True, help="source tree B (e.g. main)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--servers", default="s3,http", help="which to read from (%(default)s)")
     ap.add_argument("--json", type=Path, help="also write the document here")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -87,11 +89,12 @@ def main() -> int:
         nginx = rs.Nginx(www, args.work)
         name = "ILSVRC-train.lmdb" if (args.db / "ILSVRC-train.lmdb").exists() else next(
             p.name for p in sorted(args.db.glob("ILSVRC-train-*.lmdb")))
-        urls = {"s3": s3, "http": f"{nginx.url}/db/{name}"}
+        urls = {k: v for k, v in (("s3", s3), ("http", f"{nginx.url}/db/{name}"))
+                if k in args.servers.split(",")}
         env = {**os.environ, **moto.env()}
         runs = []
-        for r in range(args.rounds):
-            for label, tree in (("A", args.a), ("B", args.b)):
+        for r in range(args.rounds):  # (A B, B A, A B...: no tree always goes first)
+            for label, tree in (("A", args.a), ("B", args.b))[::1 if r % 2 == 0 else -1]:
                 for server, url in urls.items():
                     res = {"round": r, "tree": label, "server": server,
                            **_client(tree, url, args.epochs, env)}
@@ -102,12 +105,19 @@ def main() -> int:
         if nginx is not None:
             nginx.stop()
     summary = {}
-    for server in ("s3", "http"):
+    for server in urls:
         med = {t: {k: statistics.median(x[k] for x in runs if x["tree"] == t
                                         and x["server"] == server)
                    for k in ("mb_per_s", "cpu_s_per_gb")} for t in ("A", "B")}
+        pairs = [a["mb_per_s"] / b["mb_per_s"] for r in range(args.rounds)
+                 for a in runs for b in runs if a["round"] == b["round"] == r
+                 and a["server"] == b["server"] == server and a["tree"] == "A"
+                 and b["tree"] == "B"]
         summary[server] = {**med, "a_over_b_mb_per_s": round(med["A"]["mb_per_s"]
-                                                            / med["B"]["mb_per_s"], 3)}
+                                                            / med["B"]["mb_per_s"], 3),
+                           # (each round's A/B, then their median: robust to the host's drift)
+                           "a_over_b_per_round": [round(x, 3) for x in pairs],
+                           "a_over_b_median_of_rounds": round(statistics.median(pairs), 3)}
     doc = {"a": args.a, "b": args.b, "rounds": args.rounds, "epochs": args.epochs,
            "summary": summary, "runs": runs}
     text = json.dumps(doc, indent=1)
