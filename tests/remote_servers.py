@@ -158,6 +158,10 @@ class FaultProxy:
         self.thread.start()
 
     def down(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # (wakes the accept: close alone does not)
+        except OSError:
+            pass
         self.sock.close()
         self.thread.join(5)
 

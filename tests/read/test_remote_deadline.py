@@ -24,6 +24,12 @@ from test_remote_faults import (_MID_EPOCH, _env, _fast, _records, moto, nginx, 
 WITHIN = 3.0 + 1.0 + 3.0
 
 
+def _faster(storage_options=None, **kw):
+    """A smaller budget still (0.5 s per request, 1.5 s per block): tests that wait for it."""
+    return _fast(storage_options, **{"timeout": 0.5, "connect_timeout": 0.5, "deadline": 1.5,
+                                     **kw})
+
+
 def _data_get(line: str) -> bool:
     """A GET of a database file (not a listing, not a HEAD)."""
     return line.startswith("GET ") and ".lmdb" in line
@@ -44,7 +50,7 @@ def test_dripping_server_at_opening_is_a_timeout_within_the_deadline(moto, s3_ur
                           else None)
     t0 = time.monotonic()
     with pytest.raises(RemoteTimeoutError, match="imagenet") as err:
-        open_database(s3_url, "train", remote=_fast(moto.storage_options(proxy.url)))
+        open_database(s3_url, "train", remote=_faster(moto.storage_options(proxy.url)))
     assert time.monotonic() - t0 < WITHIN
     assert "disk" not in str(err.value) and rs.SECRET not in str(err.value)
     assert "drip" in proxy.injected
@@ -59,12 +65,12 @@ def test_dripping_http_server_at_opening(nginx, proxy_factory):
     proxy = proxy_factory(nginx.port, lambda n, line: "drip" if line.startswith("GET") else None)
     t0 = time.monotonic()
     with pytest.raises(RemoteTimeoutError, match="ILSVRC-val.lmdb"):
-        open_database(proxy.url + "/single/ILSVRC-val.lmdb", remote=_fast())
+        open_database(proxy.url + "/single/ILSVRC-val.lmdb", remote=_faster())
     assert time.monotonic() - t0 < WITHIN
 
 
 @pytest.mark.needs("s3fs", "moto")
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_dripping_server_mid_epoch(moto, s3_url, proxy_factory, workers):
     """The server starts dripping after opening: RemoteTimeoutError within the deadline
     with 0 and 2 workers, and the process exits promptly."""
@@ -94,11 +100,11 @@ def test_dripping_server_mid_epoch(moto, s3_url, proxy_factory, workers):
 
 @pytest.fixture
 def quick_budget(monkeypatch):
-    """The process's default remote budget (what preprocess uploads with): 1 s, 3 s."""
+    """The process's default remote budget (what preprocess uploads with): 0.5 s, 1.5 s."""
     from seqloader.read import remote
 
     monkeypatch.setattr(remote, "_DEFAULT_BUDGET", {})
-    remote.set_default_budget(timeout=1.0, deadline=3.0)
+    remote.set_default_budget(timeout=0.5, deadline=1.5)
 
 
 @pytest.mark.needs("s3fs", "moto")
@@ -279,7 +285,7 @@ def test_wrong_content_length_is_named(nginx, proxy_factory, change):
     proxy = proxy_factory(nginx.port, lambda n, line: f"length:{change}"
                           if line.startswith("GET") else None)
     with pytest.raises(RemoteError, match="Content-Length") as err:
-        open_database(proxy.url + "/single/ILSVRC-val.lmdb", remote=_fast())
+        open_database(proxy.url + "/single/ILSVRC-val.lmdb", remote=_faster())
     text = str(err.value)
     assert "more than the range" not in text and "Bad file descriptor" not in text
 
@@ -310,13 +316,14 @@ def test_refused_connection_is_said_at_the_first_retry():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(RemoteUnreachableError, match="refused"):
-            stat_remote(url, _fast(deadline=2.0))
+            stat_remote(url, _fast(deadline=1.0))
     said = [w for w in caught if "retrying until" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in caught]
     assert "connection refused" in str(said[0].message) and "127.0.0.1" in str(said[0].message)
-    assert time.monotonic() - t0 < 2.0 + 2.0
+    assert time.monotonic() - t0 < 1.0 + 2.0
 
 
+@pytest.mark.slow
 @pytest.mark.needs("nginx", "fsspec", "aiohttp")
 def test_bench_does_not_print_the_password(nginx):
     secret = "hunter2-bench-secret"
