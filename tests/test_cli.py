@@ -108,17 +108,20 @@ sys.exit(main(sys.argv[2:]))
     ("aiohttp,requests", ["verify", "https://127.0.0.1:9/db/ILSVRC-train.lmdb"]),
     ("s3fs", ["info", "s3://bucket/db", "--split", "train"]),
     ("fsspec", ["bench", "http://127.0.0.1:9/db/ILSVRC-train.lmdb"]),
+    ("s3fs", ["preprocess", "tree", "s3://bucket/db"]),
 ])
 def test_a_url_without_the_remote_extra_is_one_line_naming_the_install(blocked, argv, tmp_path):
     """It was a 24-line traceback ending in fsspec's ImportError about requests/aiohttp."""
     import subprocess
     import sys
 
+    (tmp_path / "tree" / "train" / "n01").mkdir(parents=True)
     p = subprocess.run([sys.executable, "-c", _WITHOUT, blocked, *argv], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1, p.stderr
-    assert err[0].startswith(f"seqloader {argv[0]}: error: reading ") and \
+    doing = f"writing to {argv[2]}" if argv[0] == "preprocess" else f"reading {argv[1]}"
+    assert err[0].startswith(f"seqloader {argv[0]}: error: {doing} ") and \
         "needs seqloader's remote extra (" in err[0] and "pip install 'seqloader[remote]'" in err[0]
     assert "requests" not in err[0], err[0]
 
