@@ -28,14 +28,16 @@ from ..read.reader import RangeReader
 from .base import DataFlow, ProxyDataFlow, Records
 from .feedthread import Stopped
 from .passes import Pass
-from .shuffle import ShuffleBuffer, default_warmup, shuffled
+from .shuffle import default_warmup, replay, shuffled
 
 __all__ = ["LMDBData", "LocallyShuffleData", "shuffle_rng", "PositionMap", "skip_ranges"]
 
 
-def shuffle_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
-    """The local-shuffle generator of one (seed, epoch, rank)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, epoch, rank, 1]))
+def shuffle_rng(seed: int, epoch: int, rank: int, segment: int = 0) -> np.random.Generator:
+    """The local-shuffle generator of one (seed, epoch, rank); ``segment`` > 0: of the
+    rest of an epoch resumed on other settings (:mod:`seqloader.dataflow.remainder`)."""
+    key = [seed, epoch, rank, 1] + ([segment] if segment else [])
+    return np.random.default_rng(np.random.SeedSequence(key))
 
 
 class PositionMap:
@@ -235,20 +237,14 @@ class LocallyShuffleData(ProxyDataFlow):
             return
         index_of = PositionMap(plan.ranges)
         n = len(index_of)
-        buf: ShuffleBuffer[int] = ShuffleBuffer(self.buffer_size,
-                                                shuffle_rng(src.seed, plan.epoch, src.rank),
-                                                warmup=self._warmup(plan), eager=eager)
-        emitted = pos = 0
-        while emitted < skip and pos < n:  # fast-forward on positions, no I/O
-            emitted += len(buf.push(pos))
-            pos += 1
-        drain = buf.drain()
-        while emitted < skip:
-            next(drain)
-            emitted += 1
+        # fast-forward on positions, no I/O (NOTE [ replay in constant time ])
+        buf = replay(n, self.buffer_size, shuffle_rng(src.seed, plan.epoch, src.rank, plan.segment),
+                     outputs=min(skip, n), warmup=self._warmup(plan), eager=eager)
+        pos = buf.consumed
         # the records read but not yet emitted, as (index, value) by stream position;
-        # first the buffer at `skip` (no position -> index search per record)
-        held = {p: (index_of(p), src.get(index_of(p))) for p in buf.items}
+        # first the buffer at `skip`
+        held = {int(p): (int(i), src.get(int(i)))
+                for p, i in zip(buf.items, index_of.many(np.asarray(buf.items, np.int64)))}
         stream = src.read(skip_ranges(plan.ranges, pos), stop)
         for p in range(pos, n):
             held[p] = next(stream)
