@@ -99,10 +99,7 @@ def replay(n: int, capacity: int, rng: np.random.Generator, *, outputs: int,
     if not 0 <= outputs <= n:
         raise ValueError(f"cannot replay {outputs} outputs of a stream of {n}")
     buf: ShuffleBuffer[int] = ShuffleBuffer(capacity, rng, warmup=warmup, eager=eager)
-    pos = 0
-    while pos < n and buf.produced < outputs and len(buf.items) + 1 < capacity:  # (the fill)
-        buf.push(pos)
-        pos += 1
+    pos = _fill(buf, n, outputs)
     steps = min(outputs - buf.produced, n - pos)
     if steps > 0:  # full: one output per push
         _steady(buf, pos, steps)
@@ -110,6 +107,31 @@ def replay(n: int, capacity: int, rng: np.random.Generator, *, outputs: int,
     while buf.produced < outputs:  # (the drain)
         buf._pop()
     return buf
+
+
+def _fill(buf: ShuffleBuffer[int], n: int, outputs: int) -> int:
+    """:meth:`ShuffleBuffer.push` positions from 0 until the buffer is full, ``outputs``
+    were released or the stream ended (the same steps, inlined: ~2 * capacity of them);
+    returns the next position."""
+    items, cap, warm, eager = buf.items, buf.capacity, buf.warmup, buf.eager
+    u, k, produced = buf._u, buf._k, buf.produced
+    draws = u.tolist()
+    pos = 0
+    while pos < n and produced < outputs and len(items) + 1 < cap:
+        items.append(pos)
+        pos += 1
+        m = len(items)
+        if m >= warm and (produced < eager or pos % 2 == 0):  # (pos: inputs pushed)
+            if k == _BLOCK:
+                u, k = buf.rng.random(_BLOCK), 0
+                draws = u.tolist()
+            i = int(draws[k] * m)
+            k += 1
+            items[i], items[-1] = items[-1], items[i]
+            items.pop()
+            produced += 1
+    buf._u, buf._k, buf.produced, buf.consumed = u, k, produced, pos
+    return pos
 
 
 def _steady(buf: ShuffleBuffer[int], pos: int, steps: int) -> None:
