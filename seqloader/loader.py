@@ -36,7 +36,7 @@ from .dataflow.stages import BatchData
 from .dataflow.shuffle import default_warmup
 from .resume import EpochState, Resumed, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world
-from .trainers import TrainerFacing
+from .trainers import GradientWindow, TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -298,18 +298,21 @@ class Loader(TrainerFacing):
         plan = self._plan_after(epoch, before) if before else None
         batches = None if plan is None else plan.num_batches
         engine = self._ready()
+        window = GradientWindow(self, len(self) if batches is None else batches)
         try:
             for j, out in self._delivered(engine, epoch, first, plan):
                 if not started:
                     started.append(first)
                     e.start(epoch, first, before=before, batches=batches)
                 e.position = j + 1
+                window.batch(j)
                 yield out
             if not started:  # (an epoch with no batches left is used by running to its end)
                 started.append(first)
                 e.start(epoch, first, before=before, batches=batches)
             e.done = True
         finally:
+            window.close()
             self._active = None
             if not self.settings.persistent_workers:
                 self._stop_workers()
