@@ -34,8 +34,7 @@ import numpy as np
 
 from ..read.plan import (EpochPlan, PlanSpec, batch_sizes, chunk_order, make_chunks,
                          rank_bounds)
-from .reading import shuffle_rng
-from .shuffle import replay
+from .shuffle import replay, shuffle_rng
 
 __all__ = ["Segment", "Rest", "epoch_sequence", "delivered", "rest_sequence", "rest_plan",
            "runs"]

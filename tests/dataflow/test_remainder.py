@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from seqloader.dataflow.reading import PositionMap, shuffle_rng
+from seqloader.read.plan import PositionMap
 from seqloader.dataflow.remainder import (Segment, epoch_sequence, rest_plan, rest_sequence,
                                           runs)
-from seqloader.dataflow.shuffle import ShuffleBuffer, default_warmup, replay, shuffled
+from seqloader.dataflow.shuffle import ShuffleBuffer, default_warmup, replay, shuffle_rng, shuffled
 from seqloader.read.plan import PlanSpec, plan_epoch
 
 SHARDS = (700, 301)  # two shards: chunks never cross the boundary
