@@ -121,3 +121,16 @@ def test_a_default_warmup_adopts_the_checkpoints():
     # an explicit one that differs: the rest on this loader's warm-up
     r = check_checkpoint(_mine(warmup=10), _mine(), default_warmup=False)
     assert r.adopt is None and r.before[0].warmup == 10
+
+
+def test_a_loaded_rest_is_dropped_with_its_position_for_another_epoch(recwarn):
+    seg = Segment.of(_mine(world_size=3))
+    s = EpochState()
+    s.load(1, 0, num_batches=5, before=(seg,))
+    assert s.where(9) == (1, 0, (seg,))  # between iterations: the loaded rest
+    s.start(1, 0, before=(seg,), batches=4)
+    s.position = 4  # the rest's last batch: the next epoch, on its own plan
+    assert s.where(9) == (2, 0, ())
+    s.load(1, 0, num_batches=5, before=(seg,))
+    s.set_epoch(2, trainer=True)
+    assert (s.next_epoch, s.resume, s.pending) == (2, 0, ()) and not recwarn.list
