@@ -40,6 +40,8 @@ __all__ = ["LMDBData", "unpacked_records", "SHORT"]
 #: 0.2 s.  Ranges shorter than ``SHORT`` records are read record by record instead, by
 #: random access, as a same-settings resume refills its buffer; the long runs around
 #: them (whole chunks) stream as before.  Same records, same order: only the I/O path.
+#: Only there: an epoch's own plan, and a remote database (whose sequential reads check
+#: each record on arrival and batch many into one GET), always stream.
 SHORT = 16
 
 
@@ -129,12 +131,13 @@ class LMDBData(DataFlow):
         return self._reader
 
     # ---------------------------------------------------- encoded records
-    def read(self, ranges: Sequence[tuple[int, int]], stop: Any = None) -> Records:
+    def read(self, ranges: Sequence[tuple[int, int]], stop: Any = None, *,
+             short: int = 0) -> Records:
         """``(index, value)`` of the records of ``ranges``, in order; values are zero-copy
         views, valid until :meth:`close`.  Raises :class:`Stopped` once ``stop`` is set.
-        Ranges of fewer than ``SHORT`` records are read one record at a time (NOTE
-        [ short ranges ])."""
-        for long, group in itertools.groupby(ranges, key=lambda r: r[1] - r[0] >= SHORT):
+        Ranges of fewer than ``short`` records are read one record at a time (NOTE
+        [ short ranges ]: :meth:`short_for` a plan)."""
+        for long, group in itertools.groupby(ranges, key=lambda r: r[1] - r[0] >= short):
             stream = (self.reader.read(list(group)) if long
                       else ((i, self.reader.get(i)) for a, b in group for i in range(a, b)))
             for rec in stream:
@@ -144,7 +147,12 @@ class LMDBData(DataFlow):
 
     def records(self, plan: EpochPlan, skip: int = 0, eager: int = 0, stop: Any = None) -> Records:
         """The plan's records in file order, minus the first ``skip``."""
-        return self.read(skip_ranges(plan.ranges, skip), stop)
+        return self.read(skip_ranges(plan.ranges, skip), stop, short=self.short_for(plan))
+
+    def short_for(self, plan: EpochPlan) -> int:
+        """Ranges of ``plan`` shorter than this are read record by record: ``SHORT`` in the
+        rest of a resumed epoch from a local database, else 0 (NOTE [ short ranges ])."""
+        return SHORT if plan.segment and self.db.remote is None else 0
 
     def get(self, index: int) -> memoryview:
         return self.reader.get(index)

@@ -253,7 +253,7 @@ class LocallyShuffleData(ProxyDataFlow):
         # first the buffer at `skip`
         held = {int(p): (int(i), src.get(int(i)))
                 for p, i in zip(buf.items, index_of.many(np.asarray(buf.items, np.int64)))}
-        stream = src.read(skip_ranges(plan.ranges, pos), stop)
+        stream = src.read(skip_ranges(plan.ranges, pos), stop, short=src.short_for(plan))
         for p in range(pos, n):
             held[p] = next(stream)
             for out in buf.push(p):
