@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import RemoteChangedError, RemoteError
+from ..errors import MissingExtraError, RemoteChangedError, RemoteError, RemoteTimeoutError
 from .direct import DirectStream
 from .httprange import RangeIgnoredError, direct_url, get_into, interrupt
 from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options, retrying,
@@ -42,7 +42,8 @@ from .bytesource import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
            "RemoteStream", "default_options", "filesystem", "is_url", "safe_url",
-           "set_default_budget", "stat_remote", "strong_etag", "with_timeout"]
+           "set_default_budget", "stat_remote", "strong_etag", "with_timeout",
+           "REMOTE_EXTRA", "remote_extra_missing", "set_default_storage_options"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -116,10 +117,22 @@ def set_default_budget(timeout: float | None = None, deadline: float | None = No
             _DEFAULT_BUDGET[name] = float(value)
 
 
+_DEFAULT_STORAGE: dict = {}
+
+
+def set_default_storage_options(storage_options: dict) -> None:
+    """Set (replace) the ``storage_options`` of :func:`default_options`: for the whole
+    process, the command line's ``--anon`` and ``--endpoint-url``; code passes
+    ``RemoteOptions(storage_options=...)`` instead."""
+    _DEFAULT_STORAGE.clear()
+    _DEFAULT_STORAGE.update(storage_options)
+
+
 def default_options() -> RemoteOptions:
-    """``RemoteOptions()`` with the budget :func:`set_default_budget` set, if any."""
+    """``RemoteOptions()`` with the budget :func:`set_default_budget` and the storage
+    options :func:`set_default_storage_options` set, if any."""
     t, d = _DEFAULT_BUDGET.get("timeout"), _DEFAULT_BUDGET.get("deadline")
-    o = RemoteOptions()
+    o = RemoteOptions(storage_options=dict(_DEFAULT_STORAGE))
     return dataclasses.replace(
         o, timeout=o.timeout if t is None else t,
         connect_timeout=o.connect_timeout if t is None else min(o.connect_timeout, t),
@@ -141,20 +154,30 @@ def with_timeout(options: RemoteOptions | None, timeout: float) -> RemoteOptions
 _FS: dict[tuple, tuple[Any, str]] = {}  # (pid, url, options) -> (filesystem, path)
 
 
+#: How to install what URLs need (fsspec; aiohttp for http(s)://, s3fs for s3://).
+REMOTE_EXTRA = "pip install 'seqloader[remote]'"
+
+
+def remote_extra_missing(doing: str, e: ImportError) -> MissingExtraError:
+    """The one-line error for ``doing`` (``"reading URL"``) without the remote extra:
+    what is missing and :data:`REMOTE_EXTRA`.  (fsspec's own message for a missing
+    protocol package names packages it does not need, such as requests.)"""
+    missing = getattr(e, "name", None) or getattr(e.__cause__, "name", None)
+    what = f"{missing} is not installed" if missing else "a package of it is not installed"
+    return MissingExtraError(f"{doing} needs seqloader's remote extra ({what}): {REMOTE_EXTRA} "
+                             "(in a clone: pip install -c constraints.txt -e '.[remote]')")
+
+
 def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path of ``url``, made once per process."""
     key = (os.getpid(), url, repr(sorted(options.storage_options.items())))
     if key not in _FS:
         try:
             import fsspec
-        except ImportError:
-            raise ImportError(f"reading {safe_url(url)} needs fsspec (and the package of its "
-                              "protocol, e.g. s3fs): in a clone of seqloader, "
-                              "pip install -c constraints.txt -e '.[remote]'") from None
-        try:
+
             fs, path = fsspec.core.url_to_fs(url, **options.storage_options)
         except ImportError as e:
-            raise ImportError(f"reading {safe_url(url)}: {e}") from None
+            raise remote_extra_missing(f"reading {safe_url(url)}", e) from None
         _FS[key] = (_without_own_retries(fs, options), path)
     return _FS[key]
 
@@ -169,10 +192,15 @@ def _without_own_retries(fs: Any, options: RemoteOptions) -> Any:
     minutes of inner retries).  Other filesystems as they are."""
     if not hasattr(fs, "_call_s3") or "config_kwargs" in options.storage_options:
         return fs
-    key = (os.getpid(), type(fs), repr(sorted(options.storage_options.items())))
+    key = (os.getpid(), type(fs), repr(sorted(options.storage_options.items())),
+           options.connect_timeout, options.timeout)
     if key not in _OWN:
+        # (botocore's own socket timeouts, 60 s by default, at most the budget's: a silent
+        # server then fails an attempt, uploads included, within `timeout`)
         own = type(fs)(**options.storage_options, skip_instance_cache=True,
-                       config_kwargs={"retries": {"mode": "standard", "max_attempts": 1}})
+                       config_kwargs={"retries": {"mode": "standard", "max_attempts": 1},
+                                      "connect_timeout": options.connect_timeout,
+                                      "read_timeout": options.timeout})
         own.retries = 1
         _OWN[key] = own
     return _OWN[key]
@@ -242,7 +270,8 @@ class RemoteFile:
         if plain is not None:  # NOTE [ plain ranged GETs ]
             out = buf if buf is not None else memoryview(bytearray(end - start))
             get_into(plain, start, out, strong_etag(self.etag), timeout, self.size,
-                     connect_timeout=min(opts.connect_timeout, timeout), abort=abort)
+                     connect_timeout=min(opts.connect_timeout, timeout), abort=abort,
+                     expect_etag=self.etag if _if_match_capable(self) else None)
             return None if buf is not None else bytes(out)
         data = self._get(start, end, timeout)
         if len(data) == self.size and end - start != self.size:
@@ -361,6 +390,7 @@ class RemoteStream(DirectStream):
     def read(self, parts: Any) -> Iterator[memoryview]:
         self.abort = threading.Event()  # (a pass after a failed one starts afresh)
         self.first_error: RemoteError | None = None
+        self.checked = set()  # (files without a strong If-Match: checked once per pass)
         return super().read(parts)
 
     def _stop(self) -> None:
@@ -371,7 +401,7 @@ class RemoteStream(DirectStream):
     def _file(self, part: Part) -> RemoteFile:
         f = self.files[part.path]
         if part.path not in self.checked and not _if_match_capable(f):
-            f.check_unchanged()  # (stores without a strong If-Match: once per stream)
+            f.check_unchanged()  # (stores without a strong If-Match: once per pass)
             self.checked.add(part.path)
         return f
 
@@ -399,9 +429,28 @@ class RemoteStream(DirectStream):
                 self.first_error = self.first_error or e
                 self._stop()
             raise
-        if self.cache is not None:
+        if self.cache is not None and self._agrees(part, off, buf[:n]):
             self.cache.put(f, off, buf[:n])
         return n
+
+    def _agrees(self, part: Part, off: int, block: memoryview) -> bool:
+        """Whether the part's records wholly inside the block agree with the digest
+        table: a block damaged in transit is not cached (NOTE [ block cache ])."""
+        from .remotecheck import block_agrees
+
+        sh, first = part.shard, part.first
+        if sh is None or part.offsets is None:
+            return True
+        return block_agrees(block, off, part.offsets, part.lengths, first, sh.digests,
+                            sh.algorithm)
+
+    def reread(self, url: str, off: int, n: int) -> bytes:
+        """Bytes ``[off, off + n)`` of the file at ``url`` from the origin, the cached
+        blocks that hold them dropped (a record that failed its check)."""
+        f = self.files[url]
+        if self.cache is not None:
+            self.cache.forget(f, off, n)
+        return f.fetch(off, off + n, self.abort)
 
     def _read_alone(self, part: Part, off: int, n: int) -> bytes:
         return self._file(part).fetch(off, off + n)
@@ -409,6 +458,12 @@ class RemoteStream(DirectStream):
     def _failure(self, e: OSError, part: Part, off: int, n: int) -> BaseException:
         self._stop()
         return error_for(e, f"{safe_url(part.path)} bytes {off}-{off + n - 1}", part.path)
+
+    def _stalled(self, part: Part, off: int, n: int, timeout: float) -> BaseException:
+        self._stop()
+        return RemoteTimeoutError(
+            f"{safe_url(part.path)} bytes {off}-{off + n - 1}: no answer in {timeout:.0f} s; "
+            "the server accepts connections but does not answer in time")
 
     def close(self) -> None:
         self._stop()

@@ -9,8 +9,8 @@ from typing import Any, Iterator
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
+from ...progress import progress_bar
 from ...read.database import close_env, open_database, open_env
 from ...format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
 from ...format.meta import DIGEST_BYTES, EmptyDatabaseError, meta_digests, meta_extents
@@ -147,7 +147,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
         return _verify_remote(db, workers, progress)
     forked = _forked(workers)
     res = VerifyResult(db.num_records)
-    bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
+    bar = progress_bar(total=db.num_records, unit="img", desc="verify", progress=progress)
     for p, meta, offset in zip(db.paths, db.metas, db.offsets):
         env = open_env(p)
         try:
@@ -225,6 +225,12 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     return res
 
 
+# (bytes read over a network may have been damaged on the way, not at the server)
+_IN_TRANSIT = ("; over a network the bytes may also have been damaged in transit or by a "
+               "proxy: run `seqloader verify` on the URL again, and only if the same records "
+               "fail again, re-upload the file")
+
+
 def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
     """:func:`verify_database` of a database at URLs: every record the metadata's extents
     point at (what readers read) is fetched with ranged GETs, checked, and chained into
@@ -233,7 +239,7 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
     from ...read.remote import safe_url
 
     res = VerifyResult(db.num_records)
-    bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
+    bar = progress_bar(total=db.num_records, unit="img", desc="verify", progress=progress)
     # every record is checked below and reported, not raised at the first one that
     # fails the check on arrival (NOTE [ records checked on arrival ])
     remote = dataclasses.replace(db.remote, options=dataclasses.replace(db.remote.options,
@@ -258,14 +264,14 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
                 checksum = chain_checksum(checksum, key, digest, meta.checksum_algorithm)
                 bar.update(1)
             if redigested:
-                res.problems.append(_redigested(safe_url(url), redigested))
+                res.problems.append(_redigested(safe_url(url), redigested) + _IN_TRANSIT)
             if relabelled:
                 res.problems.append(f"{safe_url(url)}: the metadata's labels of {relabelled} "
                                     "records differ from the records' own; re-create the file")
             if checksum != meta.checksum:
                 res.problems.append(f"{safe_url(url)}: checksum {checksum[:16]}… does not match "
-                                    f"the metadata's {meta.checksum[:16]}…; the file is damaged: "
-                                    "upload it again")
+                                    f"the metadata's {meta.checksum[:16]}… over the bytes read"
+                                    + _IN_TRANSIT)
     finally:
         reader.close()
         bar.close()
