@@ -40,7 +40,7 @@ from ..format.jpeg import jpeg_frame
 from ..format.pixels import image_source
 from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
-from .batch import BatchSpec, record_error
+from .batch import BatchSpec, check_pixels, record_error
 
 __all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "gpu_options", "sample_nbytes",
            "params_view", "pixels_view", "classify", "gather_batch"]
@@ -190,6 +190,7 @@ def gather_batch(spec: BatchSpec, whole: np.ndarray, values: Sequence[Any],
             image, label, offset = _locate(value, base, size, spec.stored_pixels)
             labels[i] = (operator.index(spec.target_transform(label)) if spec.target_transform
                          else label)
+            check_pixels(image, spec.max_pixels)
             kind, frame = classify(image, options)
             if kind == ON_GPU and offset is None:
                 kind = 7
