@@ -94,7 +94,7 @@ def test_bombs_are_refused_quickly_in_bounded_memory():
     assert jpeg[0] < 1000 and 800_000 < png[0] < 1_000_000
     assert "20000x20000 = 400,000,000 pixels is over the pixel limit" in (jpeg[1] or "")
     assert "30000x30000 = 900,000,000 pixels" in (png[1] or "")
-    assert jpeg[2] < 0.5 and png[2] < 0.5, (jpeg, png)
+    assert jpeg[2] < 2 and png[2] < 2, (jpeg, png)  # (main: 16 s and 44 s; here ~1 ms)
     assert peak_mb < 400, peak_mb  # (the interpreter, numpy, OpenCV: ~150 MB)
 
 
