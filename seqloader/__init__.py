@@ -11,7 +11,8 @@ from .version import __version__
 
 from .dataflow.gpugather import GPUOptions
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
-from .dataflow.reading import LMDBData, LocallyShuffleData
+from .dataflow.lmdbdata import LMDBData
+from .dataflow.shuffle import LocallyShuffleData
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)
 from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
