@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator, Sequence
 import msgpack
 import numpy as np
 
+from ..format.imagesize import DEFAULT_MAX_PIXELS
 from ..read.plan import EpochPlan, check_count, num_batches, plan_epoch
 from . import targetregion as _targets
 from .base import DataFlow, ProxyDataFlow
-from ..format.imagesize import DEFAULT_MAX_PIXELS
 
 __all__ = ["BatchSpec", "Batch", "BatchData", "slot_views"]
 
