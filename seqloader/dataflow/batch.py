@@ -56,7 +56,8 @@ class BatchSpec:
     gpu: Any = None
     #: the records hold stored pixels (NOTE [ stored pixels ])
     stored_pixels: bool = False
-    #: an image whose header claims more pixels is a RecordError (NOTE [ pixel limit ]); None: no limit
+    #: an image whose header claims more pixels is a RecordError before any decode (NOTE
+    #: [ pixel limit ]); None: no limit
     max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     @property

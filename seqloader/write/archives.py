@@ -1,5 +1,6 @@
 """The archive kinds of :mod:`.sources`: a tar of class folders, ImageNet's tar of
-per-class tars, a flat tar plus a labels file, webdataset shards (any of them compressed: NOTE [ compressed streams ])."""
+per-class tars, a flat tar plus a labels file, webdataset shards (any of them
+compressed: NOTE [ compressed streams ])."""
 from __future__ import annotations
 
 import functools
@@ -124,9 +125,9 @@ class TreeTar(TarSource):
             if why == "other split" and layout.splits:
                 splits.add(parts[1] if layout.top is not None else parts[0])
             skipped.setdefault(why, name)
-        self._said(where, layout, taken, splits, skipped)
+        self._said(where, layout, taken or bool(sub), splits, skipped)  # (resumed: not all seen)
 
-    def _said(self, where: str, layout: TreeLayout, taken: int, splits: set[str],
+    def _said(self, where: str, layout: TreeLayout, taken: int | bool, splits: set[str],
               skipped: dict[str, str]) -> None:
         """After the walk: a split asked for that the dataset folder lacks stops the run; an
         image in no class folder was skipped, as in the extracted tree (a warning)."""

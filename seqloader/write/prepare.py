@@ -186,9 +186,9 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     ]; JPEGs stored as they are need ``jpegtran``, RuntimeError without it;
     ``reencoded="restart"`` marks the lossless transcode).  An image whose header
     claims more than ``max_pixels`` pixels is refused before anything decodes it (NOTE
-    [ pixel limit ] in ``seqloader/format/imagesize.py``; None: no limit), with its size.  Silent (NOTE [ decoder
-    chatter ] in ``decoders.py``), pure and thread-safe; the decoders release the GIL,
-    so threads parallelise this.
+    [ pixel limit ] in ``seqloader/format/imagesize.py``; None: no limit), with its
+    size.  Silent (NOTE [ decoder chatter ] in ``decoders.py``), pure and thread-safe;
+    the decoders release the GIL, so threads parallelise this.
     """
     if not data:
         return Prepared(None, error="empty file")

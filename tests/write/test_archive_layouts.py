@@ -245,3 +245,23 @@ def test_a_labels_file_of_another_archive_fails_before_train_is_written(tree, tm
     assert rc == 2 and "have no line in" in err and "other.txt" in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (out / "ILSVRC-train.lmdb").exists()
+
+
+def test_a_pass_resumed_after_the_splits_last_image_does_not_call_it_missing(tree, tmp_path):
+    """The check "no such split folder" is made by a walk from the archive's start only: a
+    pass resumed (NOTE [ stream cursors ]) after train's last image, in val's members,
+    takes nothing more and is no error."""
+    from seqloader.write.inputs import open_source
+    from seqloader.write.sources import Item
+
+    root, want = tree
+    tar = tmp_path / "d.tar"
+    with tarfile.open(tar, "w") as tf:
+        for split in ("train", "val"):
+            tf.add(root / split, arcname=split)
+    src = open_source([tar], split="train")
+    events = list(src.events([]))
+    names = [ev.name for ev, _ in events if isinstance(ev, Item)]
+    assert sorted(names) == sorted(p for p, _, _ in want["train"])
+    last = max(i for i, (ev, _) in enumerate(events) if isinstance(ev, Item))
+    assert list(src.events(events[last][1])) == []
