@@ -11,6 +11,7 @@ from typing import Sequence
 
 from ..format.files import db_name
 from ..read.remote import is_url
+from .overlap import refuse_overlap
 from .scan import Scan, scan_class_tree, scan_labelled_folder, warn_single_class
 from .writer import WriteOptions, WriteReport, write_split
 from ..errors import NotFoundError, OutputExistsError
@@ -93,6 +94,7 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     missing = [s for s in splits if not (root / s).is_dir()]
     if missing:
         raise NotFoundError(f"split folder(s) {missing} not found in {root}")
+    refuse_overlap([root / s for s in splits], lmdb_dir)
     train_classes = None
     if (root / "train").is_dir():
         with os.scandir(root / "train") as it:
@@ -141,7 +143,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
     the classes of sources labelled by index (tensorpack LMDB files)."""
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
-    from .inputs import open_source
+    from .inputs import check_source_path, open_source
 
     opt = options or WriteOptions()
     if is_url(lmdb_dir):
@@ -153,6 +155,9 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                          "supported for archive sources yet; preprocess them as JPEG, or the "
                          "extracted folder tree with --format pixels")
     out = Path(lmdb_dir)
+    for f in sources:
+        check_source_path(f)
+    refuse_overlap(sources, out)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output folder {out} is a file; name a folder (it is created "
                                 "if missing) for the .lmdb files")
