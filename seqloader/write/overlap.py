@@ -10,6 +10,9 @@ layout), so an overlap loses the data being read, and without it the output is m
 into the input (a class folder more, a second layout of a split).  Both sides are
 resolved (symbolic links, ``..``) and compared, and where both exist, compared by
 device and inode as well.  URLs are not checked (a remote input is never written).
+preprocess writes only its own ``ILSVRC-<split>.lmdb`` files into its output folder and
+never removes the folder, so for it a folder that *holds* an input is fine (``preprocess
+ILSVRC2012_img_train.tar .``, the usual spelling); it checks those file names instead.
 """
 from __future__ import annotations
 
@@ -38,10 +41,11 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def refuse_overlap(inputs: Iterable[str | Path], output: str | Path, *,
-                   fix: str = "write to a folder outside it") -> None:
+                   fix: str = "write to a folder outside it", holding_ok: bool = False) -> None:
     """Raise ValueError if ``output`` is one of ``inputs`` (the files or folders a command
     reads), lies inside one, or holds one (NOTE [ outputs apart from inputs ]); ``fix``
-    ends the message."""
+    ends the message.  ``holding_ok``: an output folder that holds an input is allowed
+    (for a command that writes only named files of its own into the folder)."""
     if is_url(output):
         return
     out_chain = _chain(Path(output))
@@ -51,7 +55,7 @@ def refuse_overlap(inputs: Iterable[str | Path], output: str | Path, *,
         in_chain = _chain(Path(given))
         if _same(out_chain[0], in_chain[0]):
             how = "is"
-        elif any(_same(out_chain[0], p) for p in in_chain[1:]):
+        elif not holding_ok and any(_same(out_chain[0], p) for p in in_chain[1:]):
             how = "holds"
         elif any(_same(in_chain[0], p) for p in out_chain[1:]):
             how = "lies inside"

@@ -87,15 +87,36 @@ def test_preprocess_does_not_write_into_what_it_reads(synth_tree, tmp_path, caps
     tree = tmp_path / "tree"
     shutil.copytree(synth_tree.root, tree)
     before = _digest(tree)
-    for out in (tree / "train" / "lmdb", tree / "val" / "..", tree):
+    for out in (tree / "train" / "lmdb", tree / "val" / "x" / "..", tree / "val"):
         _refused(["preprocess", str(tree), str(out), "--no-progress", "--workers", "1"], capsys)
     assert _digest(tree) == before
     tar = tree / "val.tar"
     with tarfile.open(tar, "w") as t:
         t.add(tree / "val", "val")
-    _refused(["preprocess", str(tar), str(tree), "--split", "val", "--no-progress"], capsys)
     _refused(["preprocess", str(tar), str(tar), "--split", "val", "--no-progress"], capsys)
-    assert tar.is_file() and not (tree / "ILSVRC-val.lmdb").exists()
+    # a source named as the database file the command writes (tensorpack's files are named
+    # so), in the output folder
+    named = tree / "ILSVRC-val.lmdb"
+    shutil.copy(tar, named)
+    _refused(["preprocess", str(named), str(tree), "--split", "val", "--no-progress"], capsys)
+    assert named.read_bytes() == tar.read_bytes()
+
+
+def test_preprocess_into_the_folder_that_holds_its_source(synth_tree, tmp_path, capsys):
+    """The usual spellings `preprocess ILSVRC2012_img_val.tar .` and `preprocess imagenet .`
+    write only ILSVRC-<split>.lmdb files beside the source: allowed, the source intact."""
+    tree = tmp_path / "tree"
+    shutil.copytree(synth_tree.root, tree)
+    tar = tmp_path / "val.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(tree / "val", "val")
+    before = tar.read_bytes()
+    assert cli(["preprocess", str(tar), str(tmp_path), "--split", "val", "--no-progress"]) == 0
+    assert tar.read_bytes() == before and (tmp_path / "ILSVRC-val.lmdb").is_file()
+    splits_before = [_digest(tree / "train"), _digest(tree / "val")]
+    assert cli(["preprocess", str(tree), str(tree), "--no-progress", "--workers", "1"]) == 0
+    assert [_digest(tree / "train"), _digest(tree / "val")] == splits_before
+    assert (tree / "ILSVRC-train.lmdb").is_file() and (tree / "ILSVRC-val.lmdb").is_file()
 
 
 def test_refuse_overlap_compares_files_not_names(tmp_path):
