@@ -24,6 +24,7 @@ OPTIONAL = {
     "aiohttp": "pip install -c constraints.txt -e '.[remote]'",
     "webdataset": "pip install -c constraints.txt -e '.[test-extras]'",
     "pyarrow": "pip install -c constraints.txt -e '.[parquet]'",
+    "zstandard": "pip install -c constraints.txt -e '.[zstd]'",
 }
 _PROGRAMS = {"jpegtran", "nginx"}
 

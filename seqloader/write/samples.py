@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 
 from ..format.imagecheck import sniff_format
+from ..format.imagesize import DEFAULT_MAX_PIXELS, over_pixel_limit
 from .prepare import encode_jpeg, prepare_image, shrink
 from ..format.pixels import shrink_to, to_rgb
 from ..format.records import Record, pack_record
@@ -38,8 +39,11 @@ class SampleOptions:
     quality: int = 95
     max_size: int | None = None
     verify: bool = True
-    #: the keys of a dict sample (NOTE [ dict samples ]); not in the repr, which
-    #: fingerprints a write (the dataset's identity names them where they are not these)
+    #: NOTE [ pixel limit ]; out of the repr, which fingerprints write_dataset's databases:
+    #: the writer adds it where it is not the default
+    max_pixels: int | None = field(default=DEFAULT_MAX_PIXELS, repr=False)
+    #: the keys of a dict sample (NOTE [ dict samples ]); not in the repr either (the
+    #: dataset's identity names them where they are not these)
     image_key: str = field(default="image", repr=False)
     label_key: str = field(default="label", repr=False)
 
@@ -63,13 +67,17 @@ def class_label(target: Any, where: str, classes: Sequence[str] | None) -> int:
 
 def _from_bytes(data: bytes, opt: SampleOptions) -> tuple[bytes | None, Any, str | None, str | None]:
     """(image, shape or None, reencoded, warning) or (None, reason, None, None)."""
+    too_big = over_pixel_limit(data, opt.max_pixels)  # (before any decode)
+    if too_big is not None:
+        return None, too_big, None, None
     if opt.image_format == "pixels" and sniff_format(data) != "jpeg":
         bgr, text, _ = decode_any(data, sniff_format(data))  # (PNG etc.: no lossy JPEG step)
         if bgr is None:
             return None, text, None, None
         rgb = shrink_to(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), opt.short_side)
         return rgb.tobytes(), rgb.shape, None, text or None
-    p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality)
+    p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality,
+                      max_pixels=opt.max_pixels)
     if p.data is None:
         return None, p.error or "unknown error", None, None
     if opt.image_format == "pixels":
