@@ -237,6 +237,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
 
     from ...read.database import Database, open_database
     from ...dataflow.batch import BatchSpec
+    from ...dataflow.cpumode import CPUMode
     from ...dataflow.decode import batch_rng, decode_batch
     from ...write.scan import Scan
     from ...transforms import adapt, compile_fused, decode_rgb
@@ -252,7 +253,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
         units: list[Any] = values  # what one() is called with
         if fused is not None:  # runs of 16 records through decode_batch, as a worker does
             out = np.empty((16, *fused.out_shape), fused.out_dtype)
-            spec = BatchSpec(mode="decode", batch_size=16, seed=seed, fused=fused,
+            spec = BatchSpec(mode=CPUMode(), batch_size=16, seed=seed, fused=fused,
                              sample_shape=fused.out_shape, sample_dtype=str(fused.out_dtype))
             labels = np.empty(16, np.int64)
             units = [values[k:k + 16] for k in range(0, len(values), 16)]
