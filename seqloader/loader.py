@@ -53,7 +53,10 @@ class Loader(TrainerFacing):
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
     ``decode="gpu"`` (with ``device``) leaves the decoding of a standard recipe to the
-    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`).
+    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`); the
+    device gets an explicit index and the decoder is checked here, so a missing or old
+    torchvision or a build without nvJPEG raises :class:`~seqloader.errors.DeviceError`
+    now (NOTE [ GPU setup ] in :mod:`seqloader.dataflow.gpumode`).
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch

@@ -77,11 +77,11 @@ class DecodeStats:
 
 @dataclass
 class _Part:
-    """Decoded images of batch ``j``: those of ``rows[gpu[a:a + len(decoded)]]``; the
-    last part of a batch also carries what the whole batch needs."""
+    """Decoded images of batch ``j`` (the next of its images to decode on the device,
+    with their ``boxes``); the last part of a batch also carries what the whole batch
+    needs."""
 
     j: int
-    a: int
     decoded: list
     boxes: np.ndarray
     nbytes: int
@@ -167,7 +167,7 @@ class GPUDecoder:
             del data
             boxes = sel[:, [C["y0"], C["x0"], C["y1"], C["x1"], C["rh"], C["rw"]]]
             last = k == len(bounds) - 1
-            yield _Part(j, a, decoded, boxes, nbytes, refused,
+            yield _Part(j, decoded, boxes, nbytes, refused,
                         (n, rows, gpu, cpu, pixels, labels_v[:n].copy()) if last else None)
 
     def _render(self, part: _Part) -> torch.Tensor:

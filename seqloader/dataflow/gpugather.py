@@ -42,8 +42,9 @@ from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
 from .batch import BatchSpec
 from .decode import record_error
+from .decodemode import DecodeMode
 
-__all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "sample_nbytes",
+__all__ = ["GPUOptions", "GatherMode", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "sample_nbytes",
            "params_view", "pixels_view", "classify", "gather_batch"]
 
 #: The columns of a sample's parameter row (float64; integers are exact).
@@ -190,3 +191,29 @@ def gather_batch(spec: BatchSpec, whole: np.ndarray, values: Sequence[Any],
                                                           geo.max_size)
         except Exception as e:
             raise record_error(e, idx, _path(value)) from e
+
+
+class GatherMode(DecodeMode):
+    """The workers' side of the GPU mode (:class:`~seqloader.dataflow.gpumode.GPUMode`
+    pickles as this): gather each batch for the device -- no torch, no device state."""
+
+    keeps_inputs = True
+    reads_in_place = False  # (batches made in the caller's process are copied first)
+
+    def __init__(self, options: GPUOptions):
+        self.options = options
+
+    def fill(self, spec: BatchSpec, whole: np.ndarray | None, values: Sequence[Any],
+             indices: Sequence[int], labels: np.ndarray, samples: np.ndarray,
+             rng: np.random.Generator | None) -> None:
+        gather_batch(spec, whole, values, indices, labels, samples, rng)
+
+    def batch_spec(self, df: Any, transform: Any, common: dict[str, Any],
+                   output: str) -> tuple[BatchSpec, Any]:
+        raise RuntimeError("GatherMode is the GPU mode's worker side: build a GPUMode")
+
+    def local_batches(self, engine: Any, plan: Any, first: int) -> Any:
+        raise RuntimeError("GatherMode is the GPU mode's worker side: build a GPUMode")
+
+    def delivered(self, batches: Any, delivery: Any) -> Any:
+        raise RuntimeError("GatherMode is the GPU mode's worker side: build a GPUMode")

@@ -25,7 +25,7 @@ CPU instead and counted (NOTE [ GPU stream ]).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -33,9 +33,8 @@ import torch
 from ..transforms.gpu import JpegDecoder
 from .batch import Batch, BatchSpec, slot_views
 from .decode import batch_rng
-from .decodemode import DecodeMode
 from .gpudecode import DecodeStats, GPUDecoder
-from .gpugather import GPUOptions, gather_batch, sample_nbytes
+from .gpugather import GatherMode, GPUOptions, gather_batch, sample_nbytes
 
 __all__ = ["GPUMode", "resolve_device"]
 
@@ -70,23 +69,21 @@ def resolve_device(device: Any, *, rank: int = 0, world_size: int = 1) -> torch.
     return torch.device("cuda", index)
 
 
-class GPUMode(DecodeMode):
+class GPUMode(GatherMode):
     """Decode on ``device`` (resolved: :func:`resolve_device`) as ``options`` say;
-    checks the device decoder when built (NOTE [ GPU setup ])."""
-
-    keeps_inputs = True
-    reads_in_place = False  # (batches made here are copied into one buffer first)
+    checks the device decoder when built (NOTE [ GPU setup ]).  The workers get its
+    :class:`~seqloader.dataflow.gpugather.GatherMode` (no torch, no device state)."""
 
     def __init__(self, options: GPUOptions, device: torch.device):
-        self.options, self.device = options, device
+        super().__init__(options)
+        self.device = device
         self.jpeg: JpegDecoder | None = JpegDecoder(device)  # (raises DeviceError)
         self._stats = DecodeStats()
         self._decoder: GPUDecoder | None = None
 
-    def __getstate__(self) -> dict:
-        """What a worker needs: the options (no decoder, streams or counts)."""
-        return {"options": self.options, "device": self.device, "jpeg": None,
-                "_stats": None, "_decoder": None}
+    def __reduce__(self) -> tuple:
+        """What a worker needs: the gathering, with the options."""
+        return GatherMode, (self.options,)
 
     @property
     def stats(self) -> DecodeStats:
@@ -109,11 +106,6 @@ class GPUMode(DecodeMode):
         return BatchSpec(mode=self, fused=fused, sample_shape=(sample_nbytes(fused.out_hw),),
                          sample_dtype="uint8", stored_pixels=db.metas[0].image_format == "pixels",
                          **common), None
-
-    def fill(self, spec: BatchSpec, whole: np.ndarray | None, values: Sequence[Any],
-             indices: Sequence[int], labels: np.ndarray, samples: np.ndarray,
-             rng: np.random.Generator | None) -> None:
-        gather_batch(spec, whole, values, indices, labels, samples, rng)
 
     def local_batches(self, engine: Any, plan: Any, first: int) -> Iterator[Batch]:
         """Without workers: the reader copies each batch's records into one buffer laid

@@ -6,7 +6,6 @@ import sys
 import weakref
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -210,9 +209,12 @@ def test_collate_fn_does_not_wait_for_the_device_labels(lmdb_dir, monkeypatch):
     assert torch.equal(labels, want) and images.shape == (6, 3, 64, 64)
 
 
-def test_the_mode_pickles_without_its_main_process_state():
+def test_the_workers_get_the_gathering_without_torch_or_device_state():
     import pickle
+
+    from seqloader.dataflow.gpugather import GatherMode
 
     mode = GPUMode(GPUOptions(gray=True), torch.device("cpu"))
     back = pickle.loads(pickle.dumps(mode))
-    assert back.options == mode.options and back.jpeg is None and back.stats is None
+    assert type(back) is GatherMode and back.options == mode.options and back.keeps_inputs
+    assert not hasattr(back, "jpeg") and back.stats is None
