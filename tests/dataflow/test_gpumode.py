@@ -99,7 +99,9 @@ def _forced(lmdb_dir, monkeypatch, fake, options=None, **kw):
 
 
 def _batches(ld):
-    return [(x.clone(), y.clone()) for x, y in ld]
+    """Every batch of an epoch, copied; the loader closed (its workers stopped)."""
+    with ld:
+        return [(x.clone(), y.clone()) for x, y in ld]
 
 
 def test_the_real_call_gets_cpu_uint8_tensors_mode_rgb_and_the_resolved_device(lmdb_dir,
@@ -136,7 +138,7 @@ def test_the_device_running_out_of_memory_is_a_device_error_not_a_record_error(l
     fake = FakeTorchvision()
     ld = _forced(lmdb_dir, monkeypatch, fake)
     fake.error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    with pytest.raises(DeviceError, match=r"batch \d+ .*out of memory.*decoded_bytes") as e:
+    with ld, pytest.raises(DeviceError, match=r"batch \d+ .*out of memory.*decoded_bytes") as e:
         next(iter(ld))
     assert not isinstance(e.value, RecordError)
 
@@ -167,7 +169,8 @@ def test_the_streams_are_made_after_the_workers_start(lmdb_dir, monkeypatch):
 
     monkeypatch.setattr(gpumode, "GPUDecoder", made)
     ld = Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu", **KW)
-    next(iter(ld))
+    with ld:
+        next(iter(ld))
     assert seen == [True]
 
 
@@ -187,8 +190,9 @@ def test_the_callers_previous_batch_makes_no_third_live_batch(lmdb_dir, monkeypa
     monkeypatch.setattr(TensorRecipe, "finish", counted)
     ld = Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu", **KW)
     n = 0
-    for images, labels in ld:
-        n += 1
+    with ld:
+        for images, labels in ld:
+            n += 1
     assert n == len(most) > 2 and max(most) <= 1
 
 
@@ -198,14 +202,16 @@ def test_collate_fn_does_not_wait_for_the_device_labels(lmdb_dir, monkeypatch):
     def collate(batch):
         return torch.stack([img for img, _ in batch]), torch.tensor([t for _, t in batch])
 
-    want = next(iter(Loader(lmdb_dir, "train", TRAIN, collate_fn=collate, **KW)))[1]
+    with Loader(lmdb_dir, "train", TRAIN, collate_fn=collate, **KW) as ld:
+        want = next(iter(ld))[1]
 
     def no_tolist(self):
         raise AssertionError("tolist() of a device tensor")
 
     monkeypatch.setattr(torch.Tensor, "tolist", no_tolist)
-    images, labels = next(iter(Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu",
-                                      collate_fn=collate, **KW)))
+    with Loader(lmdb_dir, "train", TRAIN, decode="gpu", device="cpu", collate_fn=collate,
+                **KW) as ld:
+        images, labels = next(iter(ld))
     assert torch.equal(labels, want) and images.shape == (6, 3, 64, 64)
 
 
