@@ -109,8 +109,11 @@ def run_preprocess(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{', '.join(given)}: for archive sources; a folder tree's splits "
                              "are its folders (--splits) and its order needs no scratch: drop it")
+        from .read.remote import default_options
+
         reports = preprocess(args.sources[0], args.lmdb_dir, splits=args.splits,
-                             val_labels=args.val_labels, options=opt, staging=args.staging)
+                             val_labels=args.val_labels, options=opt, staging=args.staging,
+                             storage_options=default_options().storage_options or None)
     else:
         if any(Path(s).is_dir() and not (Path(s) / "data.mdb").exists() for s in args.sources):
             raise ValueError("give one folder tree, or archive files; not both")
@@ -181,8 +184,10 @@ def _synth(args: argparse.Namespace) -> int:
                                   val_per_class=args.val_per_class, seed=args.seed,
                                   bad=args.bad, size=args.size, workers=args.workers,
                                   progress=not args.no_progress)
-    print(f"wrote {sum(rep.counts.values())} images ({rep.total_bytes / 2**20:.1f} MiB) in "
-          f"{len(rep.classes)} classes to {rep.root}")
+    what = (f"{sum(rep.counts.values())} images ({rep.total_bytes / 2**20:.1f} MiB) in "
+            f"{len(rep.classes)} classes")
+    print(f"{rep.root} already holds {what}, made with these options: nothing to do"
+          if rep.already else f"wrote {what} to {rep.root}")
     return 0
 
 
@@ -193,10 +198,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .version import __version__
+
     ap = argparse.ArgumentParser(
         prog="seqloader", description="Sequential LMDB data loading for PyTorch: write a "
-        "database (preprocess), inspect and check it (info, verify), measure loading (bench); "
-        "synth and demo make synthetic ImageNet-like data. 'seqloader COMMAND --help' for each.")
+        "database (preprocess), inspect and check it (info, verify, show), measure loading "
+        "(bench); cut, reshape and convert it (subset, reshard, merge, export); synth and "
+        "demo make synthetic ImageNet-like data. 'seqloader COMMAND --help' for each.")
+    ap.add_argument("--version", action="version", version=f"seqloader {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree or archives to LMDB")
     add_preprocess_arguments(p)

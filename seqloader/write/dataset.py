@@ -34,8 +34,8 @@ from typing import Any, Iterable, Sequence
 import lmdb
 import msgpack
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..workers.processmap import process_map
 from ..format.meta import Meta
 from ..format.files import db_name
@@ -162,8 +162,9 @@ class _Spill:
         it = enumerate(dataset)
         prepared = (process_map(_prepare_item, it, workers=workers)
                     if workers > 1 and hasattr(os, "fork") else map(_prepare_item, it))
-        with open(self.path, "wb") as f, tqdm(unit="img", desc=f"{split} (read)",
-                                               disable=not progress, dynamic_ncols=True) as bar:
+        with open(self.path, "wb") as f, progress_bar(unit="img", desc=f"{split} (read)",
+                                                      progress=progress,
+                                                      dynamic_ncols=True) as bar:
             for pos, value, digest_or_why, warned, label in prepared:
                 if value is None:
                     self.entries.append((0, 0, str(digest_or_why), None, -1))

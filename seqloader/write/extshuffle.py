@@ -42,8 +42,8 @@ from typing import Callable, Iterator
 
 import msgpack
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from .buckets import FRAME as _FRAME, bucket_frames, prepared
 from .scan import Scan, warn_single_class
 from .sources import ClassSeen, Source, close_files, read_item
@@ -143,9 +143,9 @@ class _Pass1:
         shift = 64 - self.bits
         keys, key0 = np.empty(0, np.uint64), st["records"]
         seen = set(st["classes"])
-        bar = tqdm(total=self.source.total_bytes(), initial=st["position"], unit="B",
-                   unit_scale=True, desc=f"{self.split} pass 1: read", dynamic_ncols=True,
-                   disable=not opt.progress, smoothing=0.05)
+        bar = progress_bar(total=self.source.total_bytes(), initial=st["position"], unit="B",
+                           unit_scale=True, desc=f"{self.split} pass 1: read", dynamic_ncols=True,
+                           progress=opt.progress, smoothing=0.05)
         pending = 0
         try:  # bytes only: images are prepared in pass 2 (NOTE [ checks in pass 2 ])
             for ev, cursor in self.source.events(st["cursor"]):

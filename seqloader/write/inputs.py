@@ -9,11 +9,30 @@ from typing import Sequence
 
 from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
 from .migrate import TensorpackLMDB
+from ..errors import NotFoundError
 from ..format.imagetree import is_image_file
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, Source, clean_name, open_archive, tar_at,
                       tar_members)
 
-__all__ = ["open_source", "source_kind"]
+__all__ = ["open_source", "source_kind", "check_source_path"]
+
+#: The first bytes of image files (JPEG, PNG, GIF, TIFF), none a tar's first name could have.
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"II*\x00", b"MM\x00*")
+
+
+def check_source_path(path: str | Path) -> None:
+    """Refuse, in one line, a source that is missing or is one image file (not a folder
+    tree or an archive: it would be read as a damaged tar)."""
+    p = Path(path)
+    if not p.exists():
+        raise NotFoundError(f"no such file or folder: {path}")
+    if p.is_file():
+        with open(p, "rb") as f:
+            head = f.read(8)
+        if is_image_file(p.name) or head.startswith(_IMAGE_MAGIC):
+            raise ValueError(f"{path} is an image file; a source is a folder tree (the folder "
+                             "holding train/<class>/<image>) or archive files (tars, "
+                             "webdataset shards, LMDB files): give the folder or archive")
 
 
 def _first_files(path: Path, n: int = 32) -> list[tarfile.TarInfo]:

@@ -12,8 +12,8 @@ from typing import Callable, Iterator
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..version import __version__
 from ..read.database import file_meta, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
@@ -286,9 +286,9 @@ class ShardWriter:
         pending: list[tuple[bytes, bytes]] = []
         pending_bytes = 0
         label = f"{self.split}" + (f" {self.shard + 1}/{opt.shards}" if opt.shards > 1 else "")
-        bar = tqdm(total=stop - start, initial=meta.next_source, unit="img", desc=label,
-                   disable=not opt.progress, dynamic_ncols=True, smoothing=0.05)
-        nbytes, t_last = 0, time.perf_counter()
+        bar = progress_bar(total=stop - start, initial=meta.next_source, unit="img",
+                           desc=label, progress=opt.progress, dynamic_ncols=True, smoothing=0.05)
+        nbytes, t_last, rate = 0, time.perf_counter(), ""
         positions = range(start + meta.next_source, stop)
         # Commits (LMDB copy + write + fsync of ~64 MB) run in a background thread while the
         # next batch is prepared; at most one is in flight, so memory stays ~2 x commit_bytes.
@@ -334,8 +334,8 @@ class ShardWriter:
                     commit()
                 now = time.perf_counter()
                 if now - t_last > 1.0:
-                    bar.set_postfix_str(f"{nbytes / (now - t_last) / 2**20:.0f} MB/s, "
-                                        f"{len(meta.bad_files)} bad")
+                    rate = f"{nbytes / (now - t_last) / 2**20:.0f} MB/s, "
+                    bar.set_postfix_str(f"{rate}{len(meta.bad_files)} bad")
                     nbytes, t_last = 0, now
             if pending:
                 commit()
@@ -343,6 +343,8 @@ class ShardWriter:
             if inflight is not None:
                 inflight.result()  # a commit in progress completes (atomically) even on Ctrl-C
             committer.shutdown()
+            # (the bar's last word: the bad count of the report, not that of its last redraw)
+            bar.set_postfix_str(f"{rate}{len(meta.bad_files)} bad", refresh=False)
             bar.close()
 
 
