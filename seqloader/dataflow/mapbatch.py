@@ -100,9 +100,10 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
                                    start_method=self.start_method, timeout=self.timeout)
         self.pool.start()
 
-    def run(self, epoch: int, first: int = 0) -> Iterator[Batch]:
-        """The :class:`Batch` es ``j >= first`` of ``epoch``."""
-        plan = self.plan(epoch)
+    def run(self, epoch: int, first: int = 0, plan: EpochPlan | None = None) -> Iterator[Batch]:
+        """The :class:`Batch` es ``j >= first`` of ``epoch`` (of ``plan``, a plan of that
+        epoch by this stage's spec, when given: the rest of a resumed epoch)."""
+        plan = self.plan(epoch) if plan is None else plan
         spec = self.spec
         if self.in_process:
             yield from self.mode.local_batches(self, plan, first)
