@@ -36,6 +36,8 @@ setup(
         # which takes a list of images from 0.19 on (docs/gpu.md); install the CUDA build
         # that matches torch
         "gpu": ["torchvision>=0.19"],
+        # reading .tar.zst archives (the standard library reads gzip, bzip2 and xz only)
+        "zstd": ["zstandard>=0.18"],
     },
     entry_points={"console_scripts": ["seqloader=seqloader.cli:main"]},
 )

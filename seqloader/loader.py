@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .format.imagesize import DEFAULT_MAX_PIXELS, check_max_pixels
 from .read.database import Database, open_database
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_plan, plan_epoch
 from .read.remote import RemoteOptions, is_url, with_timeout
@@ -63,6 +64,10 @@ class Loader(TrainerFacing):
     ``[(image, target), ...]`` instead, each image one sample of the batch
     (NOTE [ target region ] in :mod:`seqloader.dataflow.targetregion`).  Stored pixels are
     not decoded: the transform gets them as stored (NOTE [ stored pixels ]).
+    ``max_pixels`` (default: Pillow's limit, ~179 megapixels; None: none): a record whose
+    image header claims more pixels raises :class:`~seqloader.errors.RecordError` naming
+    it, before anything decodes it (NOTE [ pixel limit ] in
+    :mod:`seqloader.format.imagesize`: a database written without the writer's limit).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training
     (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it; an iterator
@@ -103,11 +108,13 @@ class Loader(TrainerFacing):
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
                  remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
-                 decode: "str | GPUOptions" = "cpu"):
+                 decode: "str | GPUOptions" = "cpu",
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         LoaderSettings.check(num_workers=num_workers, batch_size=batch_size, cache=cache,
                              seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                              warmup=warmup, timeout=timeout, start_method=start_method, io=io,
                              output=output)
+        check_max_pixels(max_pixels)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
@@ -135,7 +142,8 @@ class Loader(TrainerFacing):
             target_transform=target_transform, output=output,
             device=torch.device(device) if device is not None else None,
             even=shuffle if even is None else even, warmup=warmup,
-            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, decode=mode)
+            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, decode=mode,
+            max_pixels=max_pixels)
         s = self.settings
         check_plan(batch_size=s.batch_size, chunk_size=s.chunk_size, world_size=s.world_size,
                    num_workers=max(1, s.num_workers), rank=s.rank)  # (before the stages do)
@@ -177,7 +185,7 @@ class Loader(TrainerFacing):
         return MultiProcessMapAndBatchData(
             df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
             prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
-            read_ahead=s.persistent_workers, decode=s.decode)
+            read_ahead=s.persistent_workers, decode=s.decode, max_pixels=s.max_pixels)
 
     def _ready(self) -> MultiProcessMapAndBatchData:
         """The stages, reset for iterating in this process (at the first iteration, and

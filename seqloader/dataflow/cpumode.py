@@ -10,7 +10,7 @@ import numpy as np
 
 from . import targetregion as _targets
 from .batch import Batch, BatchSpec
-from .decode import batch_rng, callers_rngs_kept, decode_batch, record_error
+from .decode import batch_rng, callers_rngs_kept, check_pixels, decode_batch, record_error
 from .decodemode import DecodeMode
 
 __all__ = ["CPUMode", "batches_here"]
@@ -42,6 +42,8 @@ class CPUMode(DecodeMode):
         db, s = df.source.db, df.plan_spec
         rec = db.first_record()  # infer the sample shape from record 0
         try:
+            if rec.shape is None:
+                check_pixels(rec.image, common["max_pixels"])
             with callers_rngs_kept():
                 img = (decode_rgb(rec.image) if rec.shape is None  # HOOK [ stored pixels ]
                        else np.frombuffer(rec.image, np.uint8).reshape(rec.shape).copy())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator
 
+from ..format.imagesize import DEFAULT_MAX_PIXELS, check_max_pixels
 from ..read.plan import EpochPlan, plan_epoch
 from . import targetregion as _targets
 from .base import DataFlow, ProxyDataFlow
@@ -17,14 +18,16 @@ __all__ = ["MultiProcessMapAndBatchData", "batch_spec"]
 
 
 def batch_spec(df: Any, mode: DecodeMode, transform: Callable | None,
-               target_transform: Callable | None = None, output: str = "float"
-               ) -> tuple[BatchSpec, Any]:
+               target_transform: Callable | None = None, output: str = "float",
+               max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[BatchSpec, Any]:
     """The workers' spec for batches of the planned ``df`` as ``mode`` fills them, and the
-    device normalisation that ``output="uint8"`` leaves to the caller (or None)."""
+    device normalisation that ``output="uint8"`` leaves to the caller (or None).
+    ``max_pixels``: a record whose image claims more pixels raises RecordError (NOTE
+    [ pixel limit ])."""
     if output not in ("float", "uint8"):
         raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
     db, s = df.source.db, df.plan_spec
-    common = dict(batch_size=s.batch_size, seed=s.seed, rank=s.rank,
+    common = dict(batch_size=s.batch_size, seed=s.seed, rank=s.rank, max_pixels=max_pixels,
                   target_transform=target_transform,
                   mean_record=db.image_bytes / max(1, db.num_records),
                   # HOOK [ any targets ]: target kind and region (NOTE [ target region ])
@@ -52,7 +55,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def __init__(self, df: DataFlow, num_workers: int, transform: Callable | None = None, *,
                  target_transform: Callable | None = None, output: str = "float",
                  prefetch: int = 2, timeout: float = 0, start_method: str | None = None,
-                 read_ahead: bool = True, decode: Any = "cpu", device: Any = None):
+                 read_ahead: bool = True, decode: Any = "cpu", device: Any = None,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         if df.planned != "batches":
             raise TypeError("MultiProcessMapAndBatchData reads a BatchData over LMDBData (and "
                             "optionally LocallyShuffleData); for other stages use "
@@ -63,6 +67,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         self.target_transform, self.output = target_transform, output
         self.prefetch, self.timeout, self.start_method = prefetch, timeout, start_method
         self.read_ahead = read_ahead
+        self.max_pixels = check_max_pixels(max_pixels)
         #: how batches are decoded (NOTE [ decode modes ]), chosen here, once
         self.mode: DecodeMode = decode_mode(decode, transform, output=output, device=device,
                                             rank=df.plan_spec.rank,
@@ -77,7 +82,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def spec(self) -> BatchSpec:
         if self._spec is None:
             self._spec, self.device_normalize = batch_spec(self.df, self.mode, self.transform,
-                                                           self.target_transform, self.output)
+                                                           self.target_transform, self.output,
+                                                           self.max_pixels)
         return self._spec
 
     @property
