@@ -18,6 +18,10 @@ alternately (A B A B ...), the memory budget a quarter of the data (two passes):
                    the simulated HDD, ``--no-verify``: the disk's share.
 
 images/s = images / the median wall time; the ratio A/B is farm-bench's, pair by pair.
+
+``--inflate-cost`` prints instead the deflated zip's floor: the CPU seconds one thread
+spends inflating its members and checking their CRC-32 (zlib; also ISA-L's ``isal``
+when it imports), the median of 5 rounds -- a cost a tar's run does not have.
 """
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ import shlex
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +86,39 @@ def build(tree: Path, work: Path) -> dict[str, Path]:
     return out
 
 
+def inflate_cost(path: Path, rounds: int = 5) -> dict[str, float]:
+    """CPU seconds (median of ``rounds``) to inflate and CRC-check every deflated member
+    of ``path`` in one thread, by library; the members' stored bytes are read first."""
+    libs = {"zlib": zlib}
+    try:
+        from isal import isal_zlib
+
+        libs["isal"] = isal_zlib
+    except ImportError:
+        pass
+    blobs = []
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for info in zf.infolist():
+            if info.compress_type == zipfile.ZIP_DEFLATED:
+                f.seek(info.header_offset)
+                head = f.read(30)
+                f.seek(int.from_bytes(head[26:28], "little")
+                       + int.from_bytes(head[28:30], "little"), 1)
+                blobs.append((f.read(info.compress_size), info.file_size, info.CRC))
+    out = {"members": len(blobs), "MB": sum(b[1] for b in blobs) / 1e6}
+    for name, lib in libs.items():
+        times = []
+        for _ in range(rounds):
+            t = time.process_time()
+            for data, size, crc in blobs:
+                d = lib.decompressobj(-15)
+                got = d.decompress(data) + d.flush()
+                assert len(got) == size and lib.crc32(got) == crc, "a damaged member"
+            times.append(time.process_time() - t)
+        out[f"{name} cpu s"] = sorted(times)[len(times) // 2]
+    return out
+
+
 def command(kind: str, src: Path, work: Path, budget: int, extra: list[str],
             drop: bool) -> str:
     files = sorted(map(str, src.glob("*.parquet"))) if src.is_dir() else [str(src)]
@@ -98,10 +137,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--only", nargs="+", default=["zip", "zip-deflated", "parquet"])
     p.add_argument("--modes", nargs="+", default=["warm", "warm-noverify", "hdd-noverify"])
+    p.add_argument("--inflate-cost", action="store_true",
+                   help="print the CPU cost of inflating the deflated zip instead")
     args = p.parse_args()
     tree, work = Path(args.tree), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     srcs = build(tree, work)
+    if args.inflate_cost:
+        print(json.dumps(inflate_cost(srcs["zip-deflated"])))
+        return
     n = len(_images(tree))
     budget = srcs["tar"].stat().st_size // 4
     print(f"{n} images, tar {srcs['tar'].stat().st_size / 2**20:.1f} MiB, budget "

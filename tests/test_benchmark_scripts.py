@@ -397,3 +397,25 @@ def test_dbtools_hdd_script(lmdb_dir, tmp_path):
     assert [r["step"] for r in rows][:3] == ["read", "reshard", "subset-half"] and len(rows) == 9
     assert all(r["wall_s"] >= 0 and r["source_bytes"] > 0 for r in rows)
     assert all(r["output_bytes"] > 0 for r in rows[1:]) and p.stdout.count("\n") == 9
+
+
+def test_zip_inflate_cost_inflates_every_deflated_member(tmp_path):
+    """preprocess_zip_parquet.py --inflate-cost: every deflated member inflated and
+    CRC-checked (stored members are no cost), so a damaged one is not timed as good."""
+    import zipfile
+
+    mod = _bench_module("preprocess_zip_parquet")
+    z = tmp_path / "a.zip"
+    data = [os.urandom(5000) for _ in range(4)]  # (incompressible: stored blocks)
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i, d in enumerate(data):
+            zf.writestr(f"c/{i}.JPEG", d)
+        zf.writestr("stored", b"x" * 100, compress_type=zipfile.ZIP_STORED)
+    got = mod.inflate_cost(z, rounds=1)
+    assert got["members"] == 4 and got["MB"] == 4 * 5000 / 1e6 and got["zlib cpu s"] >= 0
+    raw = bytearray(z.read_bytes())
+    at = raw.index(data[2][:8])  # a deflate stored-block payload: flip a byte in it
+    raw[at] ^= 0xFF
+    z.write_bytes(bytes(raw))
+    with pytest.raises(AssertionError, match="damaged"):
+        mod.inflate_cost(z, rounds=1)
