@@ -13,6 +13,7 @@ tensors (zero-copy, pinned, on a device, normalised there).
 """
 from __future__ import annotations
 
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -25,6 +26,7 @@ from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchSpec
 from .dataflow.delivery import Delivery
+from .dataflow.diagnosis import DataWaitWarning, Diagnose, Diagnosis, diagnose
 from .dataflow.gpudecode import DecodeStats, GPUDecoder
 from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
@@ -33,6 +35,7 @@ from .dataflow.pool import WorkerPool
 from .dataflow.reading import LMDBData, LocallyShuffleData
 from .dataflow.stages import BatchData
 from .dataflow.shuffle import default_warmup
+from .dataflow.stats import LoaderMeter, StageCounters, epoch_figures, pipeline_figures
 from .resume import EpochState, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world
 from .trainers import TrainerFacing
@@ -100,7 +103,7 @@ class Loader(TrainerFacing):
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
                  remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
-                 decode: "str | GPUOptions" = "cpu"):
+                 decode: "str | GPUOptions" = "cpu", diagnose: Diagnose | None = Diagnose()):
         LoaderSettings.check(num_workers=num_workers, batch_size=batch_size, cache=cache,
                              seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                              warmup=warmup, timeout=timeout, start_method=start_method, io=io,
@@ -134,6 +137,13 @@ class Loader(TrainerFacing):
         #: the epoch bookkeeping: the next epoch, a loaded position, the one in progress
         self.epochs = EpochState()
         self._adopted_warmup: int | None = None  # a checkpoint's default warm-up
+        if diagnose is not None and not isinstance(diagnose, Diagnose):
+            raise TypeError(f"diagnose must be a seqloader Diagnose(share=, window=) or None "
+                            f"(no warning), got {diagnose!r}")
+        self._diagnose = diagnose
+        # NOTE [ pipeline counters ]: one set per Loader, whatever restarts
+        self._meter = LoaderMeter(StageCounters(), window=(diagnose or Diagnose()).window)
+        self._warned: int | None = None  # the epoch a DataWaitWarning was given for
         self._stages = self._build()
         self._delivery: Delivery | None = None  # (while the stages are reset for iterating)
         self._gpu_decoder: GPUDecoder | None = None  # (decode="gpu": one per reset pipeline)
@@ -166,10 +176,12 @@ class Loader(TrainerFacing):
         if s.shuffle:
             df = LocallyShuffleData(df, s.cache, warmup=self.warmup)
         df = BatchData(df, s.batch_size, remainder=not s.drop_last)
-        return MultiProcessMapAndBatchData(
+        engine = MultiProcessMapAndBatchData(
             df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
             prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
             read_ahead=s.persistent_workers, gpu=s.gpu)
+        engine.counters = self._meter.counters
+        return engine
 
     def _ready(self) -> MultiProcessMapAndBatchData:
         """The stages, reset for iterating in this process (at the first iteration, and
@@ -265,6 +277,7 @@ class Loader(TrainerFacing):
 
     def _iterate(self, started: list[int]) -> Iterator[tuple[Any, torch.Tensor]]:
         epoch, first = self.epochs.next_epoch, self.epochs.resume
+        self._meter.begin(epoch)
         engine = self._ready()
         try:
             for j, out in self._delivered(engine, epoch, first):
@@ -278,24 +291,90 @@ class Loader(TrainerFacing):
                 self.epochs.start(epoch, first)
             self.epochs.done = True
         finally:
+            self._meter.finish()
             self._active = None
             if not self.settings.persistent_workers:
                 self._stop_workers()
 
     def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int,
                    first: int) -> Iterator[tuple[int, Any]]:
-        """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them."""
+        """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them,
+        each timed (NOTE [ pipeline counters ])."""
+        sizes, clock = engine.plan(epoch).batch_sizes, time.perf_counter
+        t = clock()
         if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
             engine.start()  # (in this thread, which outlives the decode thread)
             for j, batch in self._gpu_decoder.batches(engine.run(epoch, first)):
-                yield j, self._delivery.collated(batch)
+                got = clock()
+                out = self._delivery.collated(batch)
+                self._counted(int(sizes[j]), t, got)
+                yield j, out
+                t = clock()
             return
         deliver = self._delivery
         for batch in engine.run(epoch, first):
+            got = clock()
             out = deliver(batch)
             j = batch.index
             del batch  # (its views of the buffer)
+            self._counted(int(sizes[j]), t, got)
             yield j, out
+            t = clock()
+
+    def _counted(self, images: int, asked: float, got: float) -> None:
+        """Count a batch the caller asked for at ``asked`` and the pipeline had ready at
+        ``got`` (delivered since); warn once per epoch when the window says the caller
+        waits (NOTE [ the limiting stage ])."""
+        meter = self._meter
+        now = time.perf_counter()
+        meter.batch(images, now - asked, now - got)
+        d = self._diagnose
+        if d is not None and self._warned != meter.current.epoch and meter.waited_over(d.share):
+            self._warned = meter.current.epoch
+            found = self.diagnosis()
+            warnings.warn(f"seqloader: the training loop waited for data {found.wait_share:.0%} "
+                          f"of the time over the last {d.window} batches -- {found.message} "
+                          "(Loader(diagnose=None) silences this)", DataWaitWarning, stacklevel=5)
+
+    # -------------------------------------------------------------- stats
+    def stats(self, last: bool = False) -> dict[str, float]:
+        """Figures of the epoch in progress (or, between epochs, the one that ended;
+        ``last``: the one before the epoch in progress), as a flat dict of numbers --
+        loggable as it is (TensorBoard ``add_scalars``, Lightning ``log_dict``, a tqdm
+        postfix; :func:`~seqloader.dataflow.stats.format_stats` prints it as one line).
+        Keys (:data:`~seqloader.dataflow.stats.STAT_KEYS`): ``epoch, batches, images,
+        seconds, images_per_s``; the time the caller waited inside ``next()``:
+        ``wait_s, wait_share, wait_p50_ms, wait_p95_ms``; ``first_batch_s`` (from the
+        iteration's first ``next()``); the workers' ``workers_busy`` share and
+        ``images_per_cpu_s``; the reader's ``read_mb_per_s`` and its ``read_busy`` and
+        ``read_blocked`` (on I/O) shares; ``feed_busy``, ``delivery_share``; and what
+        the pipeline holds now: ``shuffle_fill``, ``slots_free``, ``cache_hit_rate``
+        (remote, with a block cache).  Shares are fractions (0-1) of the epoch's wall
+        time since its ``iter()``.  Empty before the first iteration."""
+        m = self._meter
+        ep = m.last if last or m.current is None else m.current
+        if ep is None:
+            return {}
+        s = self.settings
+        out: dict[str, float] = epoch_figures(ep, m.counters.snapshot(),
+                                              0 if s.in_process else s.num_workers)
+        out.update(pipeline_figures(self._stages))
+        return out
+
+    def diagnosis(self) -> Diagnosis | None:
+        """Which stage limits the pipeline, with the figures and the change that helps
+        (NOTE [ the limiting stage ]): over the last ``diagnose.window`` batches, or the
+        epoch so far after its first batch; None before the second batch."""
+        m = self._meter
+        ep = m.current or m.last
+        d = m.window()
+        if d is None and ep is not None and ep.first is not None:
+            d = (ep.end or m.counters.snapshot()).minus(ep.first)
+        if d is None or d.batches == 0:
+            return None
+        s = self.settings
+        return diagnose(d, workers=0 if s.in_process else s.num_workers,
+                        gpu=s.gpu is not None, remote=self.db.remote is not None)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from typing import Any, Iterator, Protocol
 
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, slot_views
+from .stats import StageCounters
 
 __all__ = ["Feed", "FeedThread", "SlotPool", "Stopped"]
 
@@ -36,6 +38,8 @@ class SlotPool(Protocol):
     spec: BatchSpec
     #: the current epoch generation: workers skip batches of older ones
     generation: int
+    #: where the feed thread's times go (NOTE [ pipeline counters ])
+    counters: StageCounters
 
     def slot_buffer(self, slot: int) -> memoryview: ...
 
@@ -99,10 +103,14 @@ class FeedThread(threading.Thread):
     def _feed(self, plan: EpochPlan, first: int, gen: int) -> bool:
         pool, spec = self.pool, self.pool.spec
         copy_into = self.feed.copy_into
+        counters = pool.counters  # NOTE [ pipeline counters ]
+        t, cpu = time.perf_counter(), time.thread_time()
         for j, recs in self.feed.batches(plan, first, release=False, stop=self.stop):
+            got = time.perf_counter()
             slot = self._slot()
             if slot is None:
                 return False
+            free = time.perf_counter()
             _, _, whole = slot_views(pool.slot_buffer(slot), spec, 0)
             start = spec.input_start([len(v) for _, v in recs])
             offsets, inline = [start], None
@@ -115,4 +123,8 @@ class FeedThread(threading.Thread):
             del whole
             pool.submit(plan.worker_of(j), ("batch", gen, plan.epoch, j, slot, len(recs),
                                             offsets, [i for i, _ in recs], inline))
+            now, now_cpu = time.perf_counter(), time.thread_time()
+            counters.fed(got - t, free - got, now - free, now_cpu - cpu,
+                         sum(len(v) for _, v in recs))
+            t, cpu = now, now_cpu
         return True

@@ -14,6 +14,7 @@ from ..read.plan import EpochPlan, plan_epoch
 from .base import DataFlow, ProxyDataFlow
 from ..errors import FormatError
 from . import targetregion as _targets
+from .stats import StageCounters
 from .batch import (BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error,
                     slot_views)
 
@@ -139,6 +140,9 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         self._spec: BatchSpec | None = None
         self.device_normalize: Any = None
         self.pool: Any = None
+        #: the workers' and the feed thread's counters, kept across worker restarts
+        #: (NOTE [ pipeline counters ])
+        self.counters = StageCounters()
 
     @property
     def spec(self) -> BatchSpec:
@@ -166,6 +170,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
             from .pool import WorkerPool
             self.pool = WorkerPool(self.spec, self.num_workers, prefetch=self.prefetch,
                                    start_method=self.start_method, timeout=self.timeout)
+            self.pool.counters = self.counters
         self.pool.start()
 
     def run(self, epoch: int, first: int = 0) -> Iterator[Batch]:

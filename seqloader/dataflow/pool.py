@@ -48,6 +48,7 @@ from .batch import BatchSpec, batch_rng, decode_batch, slot_views
 from .feedthread import Feed, FeedThread
 from .gpugather import gather_batch
 from .procs import ProcessGroup, kill, serve, unmap_later
+from .stats import StageCounters
 from .threads import prepare_worker
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
@@ -79,6 +80,7 @@ def _worker_main(spec: BatchSpec, names: list[str], generation: Any, conn: Conne
 
 def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
             offsets: list[int], indices: list[int], inline: list[bytes] | None) -> tuple:
+    t, cpu = time.perf_counter(), time.process_time()  # NOTE [ pipeline counters ]
     labels, samples, whole = slot_views(buf, spec, n)
     try:
         values = inline if inline is not None else [
@@ -88,7 +90,7 @@ def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
             gather_batch(spec, whole, values, indices, labels, samples, rng)
         else:
             decode_batch(spec, values, indices, labels, samples, rng)
-        return ("done", epoch, j, slot)
+        return ("done", epoch, j, slot, n, time.perf_counter() - t, time.process_time() - cpu)
     except RecordError as e:
         return ("error", epoch, j, slot, e)
     except Exception as e:  # pragma: no cover - decode_batch wraps per-record errors
@@ -143,6 +145,9 @@ class WorkerPool:
         self._leased: set[int] = set()  # buffers the caller holds as batch tensors
         self._run = 0  # counts closes: a lease token (slot numbers are reused by restarts)
         self._sent: dict[tuple[int, int], float] = {}  # (epoch, batch) -> when submitted
+        #: the stages' counters the workers' and the feed thread's figures go to
+        #: (NOTE [ pipeline counters ])
+        self.counters = StageCounters()
 
     # ------------------------------------------------ the feed thread's API
     @property
@@ -288,7 +293,8 @@ class WorkerPool:
                     err: RecordError = msg[4]
                     self._cancel()
                     raise err.in_worker(w, self.group.pid(w)) from err.remote_cause()
-                kind, epoch, got, slot = msg
+                kind, epoch, got, slot = msg[:4]
+                self.counters.decoded(*msg[4:7])
                 if (kind, epoch, got) != ("done", plan.epoch, j):  # pragma: no cover - invariant
                     raise AssertionError(f"expected batch {j} of epoch {plan.epoch} from worker "
                                          f"{w}, got {msg[:3]}")

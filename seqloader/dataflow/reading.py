@@ -211,6 +211,8 @@ class LocallyShuffleData(ProxyDataFlow):
         self.source = df if isinstance(df, LMDBData) else None
         self.planned = "records" if self.source is not None else None
         self.epoch = 0
+        #: the shuffle buffer of the pass in progress (or the last), or None
+        self.buffer: ShuffleBuffer | None = None
 
     @property
     def plan_spec(self) -> PlanSpec:
@@ -238,6 +240,7 @@ class LocallyShuffleData(ProxyDataFlow):
         buf: ShuffleBuffer[int] = ShuffleBuffer(self.buffer_size,
                                                 shuffle_rng(src.seed, plan.epoch, src.rank),
                                                 warmup=self._warmup(plan), eager=eager)
+        self.buffer = buf  # (its fill, for the Loader's stats)
         emitted = pos = 0
         while emitted < skip and pos < n:  # fast-forward on positions, no I/O
             emitted += len(buf.push(pos))

@@ -60,6 +60,11 @@ class RangeReader:
         self._lent: set[int] = set()  # files of the views `encoded` returned last
 
     @property
+    def byte_source(self) -> ByteSource | None:
+        """The open byte source (buffered, direct or remote), or None before the first read."""
+        return self._source
+
+    @property
     def direct(self) -> bool:
         """Whether values are private copies (direct I/O or remote), not map views."""
         return self._direct
