@@ -338,8 +338,8 @@ class Loader(TrainerFacing):
 
     # -------------------------------------------------------------- stats
     def stats(self, last: bool = False) -> dict[str, float]:
-        """Figures of the epoch in progress (or, between epochs, the one that ended;
-        ``last``: the one before the epoch in progress), as a flat dict of numbers --
+        """Figures of the epoch in progress (between epochs: of the last one), or with
+        ``last`` of the last epoch that ended, as a flat dict of numbers --
         loggable as it is (TensorBoard ``add_scalars``, Lightning ``log_dict``, a tqdm
         postfix; :func:`~seqloader.dataflow.stats.format_stats` prints it as one line).
         Keys (:data:`~seqloader.dataflow.stats.STAT_KEYS`): ``epoch, batches, images,
@@ -363,11 +363,13 @@ class Loader(TrainerFacing):
 
     def diagnosis(self) -> Diagnosis | None:
         """Which stage limits the pipeline, with the figures and the change that helps
-        (NOTE [ the limiting stage ]): over the last ``diagnose.window`` batches, or the
-        epoch so far after its first batch; None before the second batch."""
+        (NOTE [ the limiting stage ]): during an epoch over its last ``diagnose.window``
+        batches (or all after its first, before there are as many); between epochs
+        over the last one after its first batch (the end, when the stages run dry,
+        would hide which one was behind).  None before a second batch."""
         m = self._meter
         ep = m.current or m.last
-        d = m.window()
+        d = m.window() if m.current is not None else None
         if d is None and ep is not None and ep.first is not None:
             d = (ep.end or m.counters.snapshot()).minus(ep.first)
         if d is None or d.batches == 0:

@@ -10,7 +10,8 @@ import traceback
 from typing import Any, Iterator, Protocol
 
 from ..read.plan import EpochPlan
-from .batch import BatchSpec, slot_views
+from .batch import BatchSpec, batch_rng, slot_views
+from .firstbatch import part_layout, part_rngs
 from .stats import StageCounters
 
 __all__ = ["Feed", "FeedThread", "SlotPool", "Stopped"]
@@ -61,6 +62,8 @@ class FeedThread(threading.Thread):
         self.stop = threading.Event()
         self.error: tuple[BaseException, str] | None = None
         self.error_epoch: int | None = None  # the epoch being read when it failed
+        #: cut the first batch fed across ``split`` workers (NOTE [ first batch split ])
+        self.split = 0
 
     def extend(self, plan: EpochPlan) -> bool:
         """Read ``plan`` (from its first batch) after the plans given so far; False if
@@ -112,6 +115,11 @@ class FeedThread(threading.Thread):
                 return False
             free = time.perf_counter()
             _, _, whole = slot_views(pool.slot_buffer(slot), spec, 0)
+            split, self.split = self.split, 0
+            if split and self._split(plan, gen, j, recs, slot, whole, split):
+                self._count(counters, t, cpu, got, free, recs)
+                t, cpu = time.perf_counter(), time.thread_time()
+                continue
             start = spec.input_start([len(v) for _, v in recs])
             offsets, inline = [start], None
             if start is not None:  # NOTE [ batch buffer layout ]
@@ -123,8 +131,40 @@ class FeedThread(threading.Thread):
             del whole
             pool.submit(plan.worker_of(j), ("batch", gen, plan.epoch, j, slot, len(recs),
                                             offsets, [i for i, _ in recs], inline))
-            now, now_cpu = time.perf_counter(), time.thread_time()
-            counters.fed(got - t, free - got, now - free, now_cpu - cpu,
-                         sum(len(v) for _, v in recs))
-            t, cpu = now, now_cpu
+            t, cpu = self._count(counters, t, cpu, got, free, recs)
+        return True
+
+    @staticmethod
+    def _count(counters: StageCounters, t: float, cpu: float, got: float, free: float,
+               recs: list) -> tuple[float, float]:
+        """Count a batch fed (NOTE [ pipeline counters ]); the clocks now."""
+        now, now_cpu = time.perf_counter(), time.thread_time()
+        counters.fed(got - t, free - got, now - free, now_cpu - cpu,
+                     sum(len(v) for _, v in recs))
+        return now, now_cpu
+
+    def _split(self, plan: EpochPlan, gen: int, j: int, recs: list, slot: int, whole: Any,
+               parts: int) -> bool:
+        """Feed batch ``j`` as ``parts`` parts, one per worker from ``j``'s own on (NOTE
+        [ first batch split ]); False (nothing sent) when its records do not fit so."""
+        spec = self.pool.spec
+        layout = part_layout(spec, [len(v) for _, v in recs], parts)
+        if layout is None:
+            return False
+        offsets = []
+        for a, b, start in layout:
+            off = [start]
+            for _, v in recs[a:b]:
+                self.feed.copy_into(v, whole[off[-1]:off[-1] + len(v)])
+                off.append(off[-1] + len(v))
+            offsets.append(off)
+        values = [whole[o[i]:o[i + 1]] for o in offsets for i in range(len(o) - 1)]
+        rngs = part_rngs(spec, values, layout,
+                         batch_rng(spec.seed, plan.epoch, spec.rank, j))
+        del values
+        w0, indices = plan.worker_of(j), [i for i, _ in recs]
+        for k, ((a, b, _), off, rng) in enumerate(zip(layout, offsets, rngs)):
+            self.pool.submit((w0 + k) % plan.num_workers,
+                             ("batch", gen, plan.epoch, j, slot, len(recs), off, indices[a:b],
+                              None, (a, b, rng, parts)))
         return True

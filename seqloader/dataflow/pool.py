@@ -46,6 +46,7 @@ from ..errors import RecordError, SeqloaderError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, batch_rng, decode_batch, slot_views
 from .feedthread import Feed, FeedThread
+from .firstbatch import splittable
 from .gpugather import gather_batch
 from .procs import ProcessGroup, kill, serve, unmap_later
 from .stats import StageCounters
@@ -65,9 +66,10 @@ def _worker_main(spec: BatchSpec, names: list[str], generation: Any, conn: Conne
         if msg[0] == "cancel":
             conn.send(("cancelled", msg[1]))
             return
-        _, gen, epoch, j, slot, n, offsets, indices, inline = msg
+        _, gen, epoch, j, slot, n, offsets, indices, inline, *part = msg
         if gen == generation.value:  # (else the epoch was cancelled: skip queued work fast)
-            conn.send(_decode(spec, shms[slot].buf, epoch, j, slot, n, offsets, indices, inline))
+            conn.send(_decode(spec, shms[slot].buf, epoch, j, slot, n, offsets, indices, inline,
+                              *part))
     try:
         serve(conn, main_pid, handle)
     finally:
@@ -79,12 +81,21 @@ def _worker_main(spec: BatchSpec, names: list[str], generation: Any, conn: Conne
 
 
 def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
-            offsets: list[int], indices: list[int], inline: list[bytes] | None) -> tuple:
+            offsets: list[int], indices: list[int], inline: list[bytes] | None,
+            part: tuple | None = None) -> tuple:
+    """Decode batch ``j`` (or records ``[a, b)`` of it, ``part = (a, b, generator,
+    parts)``: NOTE [ first batch split ]) into its buffer; the answer for the parent."""
     t, cpu = time.perf_counter(), time.process_time()  # NOTE [ pipeline counters ]
     labels, samples, whole = slot_views(buf, spec, n)
+    a, b, rng, parts = part if part is not None else (0, n, None, 1)
     try:
         values = inline if inline is not None else [
-            whole[offsets[i]:offsets[i + 1]].data for i in range(n)]
+            whole[offsets[i]:offsets[i + 1]].data for i in range(b - a)]
+        if part is not None:  # (rng None: an earlier record's draw failed, this part waits)
+            if rng is not None:
+                decode_batch(spec, values, indices, labels[a:b], samples[a:b], rng)
+            return ("done", epoch, j, slot, b - a, time.perf_counter() - t,
+                    time.process_time() - cpu, parts)
         rng = batch_rng(spec.seed, epoch, spec.rank, j)
         if spec.mode == "gpu":  # gather for the main process to decode (NOTE [ GPU batches ])
             gather_batch(spec, whole, values, indices, labels, samples, rng)
@@ -244,6 +255,8 @@ class WorkerPool:
     def _feed(self, feed: Feed, plan: EpochPlan, first: int, free: "queue.Queue[int]",
               then: EpochPlan | None = None) -> None:
         self._reader = FeedThread(self, feed, plan, first, free)
+        if splittable(self.spec, self.num_workers):  # NOTE [ first batch split ]
+            self._reader.split = self.num_workers
         if then is not None:
             self._reader.extend(then)
         self._reader.start()
@@ -289,12 +302,16 @@ class WorkerPool:
                 w = plan.worker_of(j)
                 msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}",
                                  (plan.epoch, j))
-                if msg[0] == "error":
-                    err: RecordError = msg[4]
-                    self._cancel()
-                    raise err.in_worker(w, self.group.pid(w)) from err.remote_cause()
+                for k in range(msg[7] if len(msg) > 7 else 1):  # NOTE [ first batch split ]
+                    if k:
+                        w = (plan.worker_of(j) + k) % self.num_workers
+                        msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}")
+                    if msg[0] == "error":
+                        err: RecordError = msg[4]
+                        self._cancel()
+                        raise err.in_worker(w, self.group.pid(w)) from err.remote_cause()
+                    self.counters.decoded(*msg[4:7])
                 kind, epoch, got, slot = msg[:4]
-                self.counters.decoded(*msg[4:7])
                 if (kind, epoch, got) != ("done", plan.epoch, j):  # pragma: no cover - invariant
                     raise AssertionError(f"expected batch {j} of epoch {plan.epoch} from worker "
                                          f"{w}, got {msg[:3]}")
