@@ -9,9 +9,11 @@ imported on first use, so the preprocessing CLI starts without loading torch.
 """
 from .version import __version__
 
+from .dataflow.diagnosis import DataWaitWarning, Diagnose
 from .dataflow.gpugather import GPUOptions
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.reading import LMDBData, LocallyShuffleData
+from .dataflow.stats import format_stats
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)
 from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
@@ -36,7 +38,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "__version__", "Loader", "ImagenetLoader", "GPUOptions", "preprocess", "write_dataset", "WriteOptions",
+    "__version__", "Loader", "ImagenetLoader", "GPUOptions", "Diagnose", "DataWaitWarning",
+    "format_stats", "preprocess", "write_dataset", "WriteOptions",
     "open_database", "DataFlow", "LMDBData", "LocallyShuffleData", "BatchData", "MapData",
     "MapDataComponent", "MultiProcessMapData", "MultiProcessMapAndBatchData",
     "SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError", "NoRecordsError",

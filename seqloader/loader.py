@@ -76,6 +76,13 @@ class Loader(TrainerFacing):
     Call :meth:`close` (or use ``with``) to stop workers early; they also stop at
     garbage collection and exit.
 
+    :meth:`stats` gives the running epoch's figures (the wait inside ``next()``, each
+    stage's share, the time to the first batch) and :meth:`diagnosis` the stage that
+    limits it; ``diagnose`` (:class:`~seqloader.dataflow.diagnosis.Diagnose`; default:
+    over 10 % of the time over 50 batches) sets when a
+    :class:`~seqloader.dataflow.diagnosis.DataWaitWarning` says so, once per epoch
+    (None: never).  Docs: "Is my training data-bound?" in docs/performance.md.
+
     Memory: ``cache`` records of encoded JPEGs held as page cache (not private
     copies), plus ``num_workers * prefetch`` batch buffers in shared memory.  With
     direct I/O (``io="direct"``, or ``"auto"`` -- the default -- for a database larger
@@ -350,7 +357,9 @@ class Loader(TrainerFacing):
         ``read_blocked`` (on I/O) shares; ``feed_busy``, ``delivery_share``; and what
         the pipeline holds now: ``shuffle_fill``, ``slots_free``, ``cache_hit_rate``
         (remote, with a block cache).  Shares are fractions (0-1) of the epoch's wall
-        time since its ``iter()``.  Empty before the first iteration."""
+        time since its ``iter()``.  Empty before the first iteration.
+        :func:`seqloader.format_stats` prints it as one line; docs/loader.md has the
+        logging recipes."""
         m = self._meter
         ep = m.last if last or m.current is None else m.current
         if ep is None:

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import seqloader.transforms as T
-from seqloader import Loader
+from seqloader import Loader, format_stats
 from seqloader.read.direct import IO_MODES
 from seqloader.errors import FormatError
 
@@ -420,8 +420,11 @@ class Run:
                 correct += topk_correct(output, target, [1])[0]
                 bar.update(1)
                 if (i + 1 - first) % args.print_freq == 0 or i + 1 == total:
+                    # the data-wait share: how much of the time the loop waited for batches
+                    wait = loader.stats().get("wait_share") if self.seq else None
                     bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc1=f"{100 * correct / seen:.2f}",
-                                    img_s=f"{seen * self.world / (time.perf_counter() - start):.1f}")
+                                    img_s=f"{seen * self.world / (time.perf_counter() - start):.1f}",
+                                    **({} if wait is None else {"data_wait": f"{100 * wait:.0f}%"}))
                 self.iters_run += 1
                 if args.stop_after_iters and self.iters_run >= args.stop_after_iters:
                     self.stopper.signum = self.stopper.signum or signal.SIGINT  # as if Ctrl-C
@@ -435,6 +438,9 @@ class Run:
             bar.close()
             if log is not None:
                 log.close()
+            if self.seq and self.main:  # the loader's figures of the epoch, on one line
+                print(f"train {epoch} data: {format_stats(loader.stats())}", file=sys.stderr,
+                      flush=True)
         return None
 
     def validate(self):
