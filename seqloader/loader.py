@@ -35,7 +35,7 @@ from .dataflow.pool import WorkerPool
 from .dataflow.reading import LMDBData, LocallyShuffleData
 from .dataflow.stages import BatchData
 from .dataflow.shuffle import default_warmup
-from .dataflow.stats import LoaderMeter, StageCounters, epoch_figures, pipeline_figures
+from .dataflow.stats import LoaderMeter, StageCounters
 from .resume import EpochState, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world
 from .trainers import TrainerFacing
@@ -349,26 +349,15 @@ class Loader(TrainerFacing):
         ``last`` of the last epoch that ended, as a flat dict of numbers --
         loggable as it is (TensorBoard ``add_scalars``, Lightning ``log_dict``, a tqdm
         postfix; :func:`~seqloader.dataflow.stats.format_stats` prints it as one line).
-        Keys (:data:`~seqloader.dataflow.stats.STAT_KEYS`): ``epoch, batches, images,
-        seconds, images_per_s``; the time the caller waited inside ``next()``:
-        ``wait_s, wait_share, wait_p50_ms, wait_p95_ms``; ``first_batch_s`` (from the
-        iteration's first ``next()``); the workers' ``workers_busy`` share and
-        ``images_per_cpu_s``; the reader's ``read_mb_per_s`` and its ``read_busy`` and
-        ``read_blocked`` (on I/O) shares; ``feed_busy``, ``delivery_share``; and what
-        the pipeline holds now: ``shuffle_fill``, ``slots_free``, ``cache_hit_rate``
-        (remote, with a block cache).  Shares are fractions (0-1) of the epoch's wall
-        time since its ``iter()``.  Empty before the first iteration.
+        Keys (:data:`~seqloader.dataflow.stats.STAT_KEYS`, docs/loader.md): the batches,
+        images and rate; the wait inside ``next()`` (``wait_share``, per-batch p50/p95);
+        ``first_batch_s``; each stage's share of the time (fractions, 0-1, of the wall
+        time since the epoch's first ``next()``); the shuffle buffer's fill, the free
+        batch buffers, a remote cache's hit rate.  Empty before the first iteration.
         :func:`seqloader.format_stats` prints it as one line; docs/loader.md has the
         logging recipes."""
-        m = self._meter
-        ep = m.last if last or m.current is None else m.current
-        if ep is None:
-            return {}
         s = self.settings
-        out: dict[str, float] = epoch_figures(ep, m.counters.snapshot(),
-                                              0 if s.in_process else s.num_workers)
-        out.update(pipeline_figures(self._stages))
-        return out
+        return self._meter.figures(last, 0 if s.in_process else s.num_workers, self._stages)
 
     def diagnosis(self) -> Diagnosis | None:
         """Which stage limits the pipeline, with the figures and the change that helps
@@ -376,12 +365,8 @@ class Loader(TrainerFacing):
         batches (or all after its first, before there are as many); between epochs
         over the last one after its first batch (the end, when the stages run dry,
         would hide which one was behind).  None before a second batch."""
-        m = self._meter
-        ep = m.current or m.last
-        d = m.window() if m.current is not None else None
-        if d is None and ep is not None and ep.first is not None:
-            d = (ep.end or m.counters.snapshot()).minus(ep.first)
-        if d is None or d.batches == 0:
+        d = self._meter.steady()
+        if d is None:
             return None
         s = self.settings
         return diagnose(d, workers=0 if s.in_process else s.num_workers,

@@ -115,6 +115,9 @@ def diagnose(d: Snapshot, *, workers: int, gpu: bool = False, remote: bool = Fal
         return Diagnosis("delivery", wait, f"delivery: the main process spends {share:.0%} of "
                          "the time copying, pinning or moving batches; keep CPU batches as views "
                          "(pin_memory=False) or send uint8 (output='uint8')")
+    on_cpu = d.work_cpu_s / d.work_s if d.work_s > 0 else 0.0
+    why = (f"other processes take the cores (the workers ran on a core {on_cpu:.0%} of the "
+           "time they were decoding)" if on_cpu < 0.7 else
+           "batches are uneven for a shallow queue: raise prefetch")
     return Diagnosis("none", wait, f"no stage saturated (workers {busy:.0%} busy, reader "
-                     f"{read_busy:.0%}): other processes take the cores, or batches are "
-                     "uneven for a shallow queue: raise prefetch")
+                     f"{read_busy:.0%}): {why}")

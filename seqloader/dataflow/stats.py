@@ -151,6 +151,27 @@ class LoaderMeter:
         return (len(r) == r.maxlen
                 and r[-1].waited_s - r[0].waited_s > share * (r[-1].t - r[0].t))
 
+    def figures(self, last: bool, workers: int, engine: Any) -> dict[str, float]:
+        """The figures of the epoch in progress (between epochs or with ``last``: the
+        last that ended) and of the pipeline ``engine`` now; {} before any epoch."""
+        ep = self.last if last or self.current is None else self.current
+        if ep is None:
+            return {}
+        out = epoch_figures(ep, self.counters.snapshot(), workers)
+        out.update(pipeline_figures(engine))
+        return out
+
+    def steady(self) -> Snapshot | None:
+        """The counts to diagnose: during an epoch over the window (or all after its
+        first batch, before the window is full); between epochs over the last one after
+        its first batch (its end, when the stages run dry, would hide which one was
+        behind).  None before a second batch."""
+        ep = self.current or self.last
+        d = self.window() if self.current is not None else None
+        if d is None and ep is not None and ep.first is not None:
+            d = (ep.end or self.counters.snapshot()).minus(ep.first)
+        return None if d is None or d.batches == 0 else d
+
     def window(self) -> Snapshot | None:
         """The counts over the diagnosis window (the last ``window`` batches after the
         first), or None before it is full."""
