@@ -672,7 +672,7 @@ def cpu_limit_child(n: int, data: str, seconds: float = 8.0, records: int = 3000
         from seqloader.tools.bench import imagenet_train_transform
         from seqloader.tools.bench.data import db_records, spread
         from seqloader.read.database import open_database
-        from seqloader.dataflow.batch import batch_rng
+        from seqloader.dataflow.decode import batch_rng
         from seqloader.transforms import compile_fused
 
         cv2.setNumThreads(1)

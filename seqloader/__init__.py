@@ -12,7 +12,8 @@ from .version import __version__
 from .dataflow.diagnosis import DataWaitWarning, Diagnose
 from .dataflow.gpugather import GPUOptions
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
-from .dataflow.reading import LMDBData, LocallyShuffleData
+from .dataflow.lmdbdata import LMDBData
+from .dataflow.shuffle import LocallyShuffleData
 from .dataflow.stats import format_stats
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)

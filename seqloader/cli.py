@@ -12,6 +12,7 @@ from typing import Sequence
 
 from .errors import USER_ERRORS, one_line
 from .read.database import path_splits
+from .tools.sizes import size_arg
 
 __all__ = ["main", "add_preprocess_arguments", "run_preprocess", "one_line"]
 
@@ -40,7 +41,7 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "tar, with scipy installed) ILSVRC2012_devkit_t12.tar.gz")
     p.add_argument("--split", help="the split of the archive files given (default: from "
                                    "their names, e.g. ILSVRC2012_img_train.tar is train)")
-    p.add_argument("--memory-budget", type=_size, metavar="SIZE", default=None,
+    p.add_argument("--memory-budget", type=size_arg, metavar="SIZE", default=None,
                    help="archives: memory for the shuffle (e.g. 4G, 512M; default 4G); a split "
                         "larger than this is shuffled in two passes through --scratch")
     p.add_argument("--scratch", metavar="DIR", help="archives: folder for the two-pass "
@@ -83,19 +84,6 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "upload; needs about 2 x split size / --shards free (default: a "
                         "folder in the system temp folder, $TMPDIR)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _size(text: str) -> int:
-    """``4G``, ``512M``, ``100000``: a number of bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        n = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 4G, 512M or 1000000")
-    if not n > 0 or n != n:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
-    return int(n)
 
 
 def _is_folder_tree(sources: list[str]) -> bool:

@@ -24,7 +24,7 @@ import torch
 from .read.database import Database, open_database
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_plan, plan_epoch
 from .read.remote import RemoteOptions, is_url, with_timeout
-from .dataflow.batch import BatchSpec
+from .dataflow.batch import BatchData, BatchSpec
 from .dataflow.delivery import Delivery
 from .dataflow.diagnosis import DataWaitWarning, Diagnose, Diagnosis, diagnose
 from .dataflow.gpudecode import DecodeStats, GPUDecoder
@@ -32,9 +32,8 @@ from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow.pool import WorkerPool
-from .dataflow.reading import LMDBData, LocallyShuffleData
-from .dataflow.stages import BatchData
-from .dataflow.shuffle import default_warmup
+from .dataflow.lmdbdata import LMDBData
+from .dataflow.shuffle import LocallyShuffleData, default_warmup
 from .dataflow.stats import LoaderMeter, StageCounters
 from .resume import EpochState, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world

@@ -206,6 +206,7 @@ def test_all_names_exist():
 LAYERS = [
     ("seqloader.errors", "seqloader.version"),
     ("seqloader.format",),
+    ("seqloader.workers",),  # the worker-process plumbing: serves dataflow, write and tools
     ("seqloader.read", "seqloader.transforms"),
     ("seqloader.dataflow", "seqloader.settings", "seqloader.resume"),
     ("seqloader.write", "seqloader.trainers"),
@@ -233,3 +234,24 @@ def test_no_import_runs_up_a_layer():
     up = sorted((a, b) for a, targets in edges.items() for b in targets
                 if _layer(b) > _layer(a))
     assert not up, "imports that run up a layer:\n" + "\n".join(f"{a} imports {b}" for a, b in up)
+
+
+def _imported_by(importers: str, imported: str) -> list[tuple[str, str]]:
+    edges, _ = _graph()
+    return sorted((a, b) for a, targets in edges.items() for b in targets
+                  if (a == importers or a.startswith(importers + "."))
+                  and (b == imported or b.startswith(imported + ".")))
+
+
+def test_write_imports_nothing_from_dataflow():
+    """The writer's processes run on :mod:`seqloader.workers`, not on the Loader's stages."""
+    bad = _imported_by("seqloader.write", "seqloader.dataflow")
+    assert not bad, "write/ imports dataflow/:\n" + "\n".join(f"{a} imports {b}" for a, b in bad)
+
+
+def test_workers_import_no_stage_writer_tool_or_loader():
+    bad = [pair for upper in ("seqloader.dataflow", "seqloader.write", "seqloader.tools",
+                              "seqloader.loader", "seqloader.read", "seqloader.transforms")
+           for pair in _imported_by("seqloader.workers", upper)]
+    assert not bad, "workers/ imports an upper layer:\n" + "\n".join(f"{a} imports {b}"
+                                                                      for a, b in bad)

@@ -47,7 +47,7 @@ def test_vectorised_epoch_order_maps_positions_as_the_loader():
     by one (PositionMap.__call__): the same records."""
     sq = _bench_module("shuffle_quality")
     pair_repeat = sq.pair_repeat
-    from seqloader.dataflow.reading import PositionMap
+    from seqloader.read.plan import PositionMap
     from seqloader.read.plan import PlanSpec, plan_epoch
     from seqloader.tools.quality import epoch_order
 

@@ -1,6 +1,6 @@
 """Every fenced code block of README.md and docs/**/*.md runs, so the docs cannot drift.
 
-The rules a page follows are in docs/index.md ("Conventions for code blocks"); in short:
+The rules a page follows are in docs/contributing.md ("Code blocks are tests"); in short:
 ``bash``/``sh`` and ``python`` blocks run, in file order, in one fresh folder per page
 (python blocks share one interpreter per page, like a notebook); ``text``/``console``
 blocks are shown output and do not run; an HTML comment just above a block,
@@ -74,7 +74,7 @@ def _apply(block: Block, text: str, where: str) -> None:
         args = args.strip()
         if key not in KEYS:
             raise ValueError(f"{where}: unknown docs-test directive {key!r} (known: "
-                             f"{', '.join(sorted(KEYS))}; see docs/index.md)")
+                             f"{', '.join(sorted(KEYS))}; see docs/contributing.md)")
         if key == "skip":
             if not args:
                 raise ValueError(f"{where}: 'skip' needs a reason")
@@ -147,7 +147,7 @@ def parse(page: Path) -> list[Block]:
         if lang not in RUN and lang not in SHOWN:
             raise ValueError(f"{rel}:{i + 1}: code block language {lang or '(none)'!r}: "
                              f"use one that runs ({', '.join(RUN)}) or shown output "
-                             f"({', '.join(sorted(SHOWN))}); see docs/index.md")
+                             f"({', '.join(sorted(SHOWN))}); see docs/contributing.md")
         block = Block(page, i + 1, lang, body)
         for text, where in page_directives + pending:
             _apply(block, text, where)

@@ -8,9 +8,9 @@ built in a parent and sent to a worker).  Stages are not thread-safe and not ree
 one iteration at a time.
 
 NOTE [ planned stages ]
-The reader stages -- :class:`~seqloader.dataflow.reading.LMDBData`,
-:class:`~seqloader.dataflow.reading.LocallyShuffleData` over it,
-:class:`~seqloader.dataflow.stages.BatchData` over either and
+The reader stages -- :class:`~seqloader.dataflow.lmdbdata.LMDBData`,
+:class:`~seqloader.dataflow.shuffle.LocallyShuffleData` over it,
+:class:`~seqloader.dataflow.batch.BatchData` over either and
 :class:`~seqloader.dataflow.mapbatch.MultiProcessMapAndBatchData` over that -- follow
 one epoch plan (:func:`~seqloader.read.plan.plan_epoch`).  Each fixes its part of the
 plan when it is built and never changes its upstream: ``LMDBData`` the records (split,
@@ -79,8 +79,8 @@ class ProxyDataFlow(DataFlow):
 
 class PlannedRecords(Protocol):
     """A stage that yields the encoded records of an epoch plan (``planned ==
-    "records"``): :class:`~seqloader.dataflow.reading.LMDBData` and
-    :class:`~seqloader.dataflow.reading.LocallyShuffleData` over it
+    "records"``): :class:`~seqloader.dataflow.lmdbdata.LMDBData` and
+    :class:`~seqloader.dataflow.shuffle.LocallyShuffleData` over it
     (NOTE [ planned stages ])."""
 
     #: ``"records"``
@@ -110,7 +110,7 @@ class PlannedRecords(Protocol):
 
 class PlannedBatches(Protocol):
     """A stage that cuts the plan's records into its batches (``planned ==
-    "batches"``): :class:`~seqloader.dataflow.stages.BatchData` over a
+    "batches"``): :class:`~seqloader.dataflow.batch.BatchData` over a
     :class:`PlannedRecords` stage.  What
     :class:`~seqloader.dataflow.mapbatch.MultiProcessMapAndBatchData` and the worker
     pool's feed thread read."""

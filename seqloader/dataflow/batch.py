@@ -1,33 +1,25 @@
-"""The decode side of a batch: encoded records in, a filled batch buffer out.
-
-Runs in worker processes (or in the caller's process with ``num_workers=0``).
-A batch buffer ("slot") is laid out as ``[labels: int64 x B][samples: B x
-sample_shape][tail]``; the reader copies a batch's record values into its end (see
-NOTE [ batch buffer layout ]) and the decoder writes labels and samples in place.
+"""The batch types: :class:`BatchSpec` (what a worker needs to fill a batch buffer, and
+the buffer's layout), :class:`Batch` (a filled buffer on its way to the caller) and
+:class:`BatchData` (the stage that groups datapoints, or a plan's records, into batches).
+The decode that fills a buffer is :mod:`seqloader.dataflow.decode`'s.
 """
 from __future__ import annotations
 
-import contextlib
-import operator
-import sys
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
 
-from ..errors import RecordError
-from ..format.pixels import image_source
+from ..read.plan import EpochPlan, check_count, num_batches, plan_epoch
 from . import targetregion as _targets
+from .base import DataFlow, ProxyDataFlow
 
-__all__ = ["BatchSpec", "RecordError", "batch_rng", "slot_views", "decode_batch",
-           "callers_rngs_kept", "record_error", "seed_global_rngs"]
+__all__ = ["BatchSpec", "Batch", "BatchData", "slot_views"]
 
-
-def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
-    """The augmentation generator of one batch: independent of the worker count and
-    exact on resume."""
-    return np.random.default_rng(np.random.SeedSequence([seed, epoch, rank, batch, 2]))
+EncodedBatch = list[tuple[int, memoryview]]
 
 
 @dataclass
@@ -40,7 +32,7 @@ class BatchSpec:
     mode exactly one of ``fused`` (a :class:`~seqloader.transforms.FusedPipeline`)
     and ``transform`` (``callable(img_rgb_uint8, rng) -> array``) is set, and every
     sample has ``sample_shape``/``sample_dtype``.  ``seed`` and ``rank`` seed the
-    batches' generators (:func:`batch_rng`); ``mean_record`` (the database's mean
+    batches' generators (:func:`~seqloader.dataflow.decode.batch_rng`); ``mean_record`` (the database's mean
     encoded record, bytes) sizes the buffers' tail.  The reader's settings (cache,
     I/O, chunks) are the stages' (:mod:`seqloader.dataflow.stages`), not the workers'.
     """
@@ -139,137 +131,112 @@ def slot_views(buf: Any, spec: BatchSpec, n: int) -> tuple[np.ndarray, np.ndarra
     return _targets.region_view(spec.target_kind, region, n), samples[:n], whole
 
 
-def _seed_global_rngs(rng: np.random.Generator) -> None:
-    """Seed the global generators third-party transforms use from ``rng``."""
-    seed_global_rngs(int(rng.integers(2**31)))
+@dataclass
+class Batch:
+    """One batch of :meth:`~seqloader.dataflow.mapbatch.MultiProcessMapAndBatchData.run`: batch ``index`` of its epoch
+    as views of the buffer it was decoded into, valid until the next batch is asked for
+    (unless the caller leases ``slot`` from the stage's ``pool``)."""
+
+    #: its number in the epoch
+    index: int
+    #: the labels (int64), or for any targets the target region (NOTE [ target region ])
+    labels: np.ndarray
+    #: the decoded samples, ``[n, *sample_shape]``
+    samples: np.ndarray
+    #: raw mode: the encoded images (``samples`` is then unused); else None
+    raw: list[bytes] | None = None
+    #: the worker pool's buffer holding it, or None (made in this process)
+    slot: int | None = None
+    #: mode "gpu": the whole batch buffer (uint8) the samples' records lie in (NOTE [ GPU
+    #: batches ]); else None
+    whole: np.ndarray | None = None
 
 
-def seed_global_rngs(seed: int) -> None:
-    """Seed ``random``, numpy's global generator and torch's CPU one (when torch is
-    loaded) with ``seed`` -- the generators third-party transforms draw from."""
-    import random
-    random.seed(seed)
-    np.random.seed(seed)
-    if "torch" in sys.modules:
-        sys.modules["torch"].default_generator.manual_seed(seed)
+def _stack(items: list, component: int = 0) -> Any:
+    first = items[0]
+    if isinstance(first, np.ndarray):
+        shapes = {x.shape for x in items if isinstance(x, np.ndarray)}
+        if len(shapes) > 1:
+            raise ValueError(f"BatchData: component {component} of the datapoints has shapes "
+                             f"{sorted(shapes)[:4]}{' ...' if len(shapes) > 4 else ''}; arrays "
+                             "are stacked, so they need one shape -- end the map with a "
+                             "fixed-size crop (e.g. RandomResizedCrop(224))")
+        return np.stack(items)
+    if isinstance(first, (int, float, np.number, bool)):
+        return np.asarray(items)
+    return list(items)
 
 
-@contextlib.contextmanager
-def callers_rngs_kept() -> Iterator[None]:
-    """Run transforms in the caller's process (``num_workers=0``, the shape probe) and
-    give its global generators (random, numpy, torch's CPU one) back as they were:
-    :func:`decode_batch` seeds them for third-party transforms, which must not make the
-    training loop's own draws (dropout, mixup) ignore the user's seed."""
-    import random
-    state = random.getstate()
-    np_state = np.random.get_state()
-    torch = sys.modules.get("torch")
-    torch_state = torch.get_rng_state() if torch is not None else None
-    try:
-        yield
-    finally:
-        random.setstate(state)
-        np.random.set_state(np_state)
-        if torch is not None and torch_state is not None:
-            torch.set_rng_state(torch_state)
+class BatchData(ProxyDataFlow):
+    """Group ``batch_size`` datapoints; each component is stacked (arrays, numbers) or
+    listed (bytes, objects).  ``remainder=True`` keeps a last smaller batch.
 
+    Over a stage that follows :class:`~seqloader.dataflow.base.PlannedRecords` (the
+    reader stages; NOTE [ planned stages ]) the batches are an epoch plan's: its
+    :attr:`plan_spec` is the upstream's with this batch size and ``drop_last = not
+    remainder`` (records a dropped last batch would hold are not read), and
+    :meth:`batches` hands out the encoded records of each batch -- it then follows
+    :class:`~seqloader.dataflow.base.PlannedBatches`."""
 
-def _label(value: Any) -> int:
-    """A label as the int64 batches hold it; TypeError for anything that is not an
-    integer (floats were truncated silently)."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"target_transform returned {value!r} ({type(value).__name__}); batch "
-                        "labels are int64, so it must return an integer -- apply other label "
-                        "transforms (one-hot, smoothing) to the label batch after loading") from None
+    def __init__(self, df: DataFlow, batch_size: int, remainder: bool = False):
+        super().__init__(df)
+        check_count("batch_size", batch_size, 1)
+        self.batch_size, self.remainder = int(batch_size), remainder
+        self.planned = "batches" if df.planned == "records" else None
+        self.source = df.source if self.planned else None
+        self.plan_spec = (dataclasses.replace(df.plan_spec, batch_size=self.batch_size,
+                                              drop_last=not remainder)
+                          if self.planned else None)
 
+    def __len__(self) -> int:
+        if self.planned:
+            return num_batches(self.plan_spec)
+        n = len(self.df)
+        return math.ceil(n / self.batch_size) if self.remainder else n // self.batch_size
 
-# NOTE [ draw, then decode ]
-# With the fused pipeline a worker first *prepares* a run of ``_RUN`` records -- msgpack
-# unpack, JPEG header, the crop/flip draw and the decode window: Python work, ~25 us
-# each when run back to back -- and then decodes and renders them.  Interleaving the two
-# per record (``FusedPipeline.__call__``) ran that Python code with caches and branch
-# predictors cold from the previous decode: ~70 us (measured by timing each stage inside
-# real calls), and whole batches 2-4 % slower (256 ImageNet-sized records: 0.686 vs
-# 0.666 ms per image, best of 4 alternated runs; 1200x900 photos 1.62 vs 1.57 ms).  The
-# draws consume the batch generator in record order either way, so samples do not
-# change; the run's records are unpacked (copied) before its first sample is written,
-# which keeps NOTE [ batch buffer layout ]'s promise; errors still name their record.
-_RUN = 16
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(self.plan_spec, epoch)
 
+    def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True,
+                stop: Any = None) -> Iterator[tuple[int, EncodedBatch]]:
+        """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
+        Values are zero-copy views, valid until :meth:`close`; use a batch before asking
+        for the next (with ``release``, its pages are then unmapped; the values stay
+        valid).  A caller that only copies values out with :meth:`copy_into` maps no
+        pages and passes ``release=False``.  ``stop``: an Event that stops the reading
+        (:class:`~seqloader.dataflow.feedthread.Stopped` is raised)."""
+        sizes = plan.batch_sizes
+        records = self.df.records(plan, sum(sizes[:first]), eager=sizes[0] if len(sizes) else 0,
+                                  stop=stop)
+        for j in range(first, len(sizes)):
+            batch = [next(records) for _ in range(sizes[j])]
+            yield j, batch
+            if release:
+                self.df.release([v for _, v in batch])  # used: NOTE [ mapped pages ]
 
-def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
-                 labels: np.ndarray, samples: np.ndarray, rng: np.random.Generator
-                 ) -> list[bytes] | None:
-    """Parse each record value; write labels (after ``target_transform``; for "any"
-    targets, the packed targets into the region ``labels``: NOTE [ target region ] in
-    ``targets.py``) and, in decode mode, each transformed image into ``samples``
-    (stored pixels are not decoded: NOTE [ stored pixels ]).  Raw mode returns the image bytes.
-    Raises :class:`RecordError` naming the record (index and source path).  Every record
-    is unpacked (copied) before its sample is written: the records may lie in the
-    samples region of the same buffer (NOTE [ batch buffer layout ]); fused samples are
-    drawn a run at a time, then decoded (NOTE [ draw, then decode ])."""
-    raw: list[bytes] = []
-    if spec.transform is not None:
-        _seed_global_rngs(rng)
-    fused = spec.fused if spec.mode != "raw" else None
-    run: list[tuple[int, Any, Any]] = []  # (record, where, prepared) drawn, not decoded
-    targets: list[Any] = []  # of "any" targets (NOTE [ target region ])
-    for i, (value, idx) in enumerate(zip(values, indices)):
-        rec: Any = {}
-        try:
-            rec = msgpack.unpackb(value, raw=False)
-            data = image_source(rec)  # (stored pixels: an array, NOTE [ stored pixels ])
-            if spec.target_kind == "any":
-                targets.append(_targets.transformed(rec, spec.target_transform, f"record {idx}"))
-            else:
-                label = rec["label"]
-                labels[i] = _label(spec.target_transform(label)) if spec.target_transform else label
-            if spec.mode == "raw":
-                raw.append(data)
-            elif fused is not None:
-                run.append((i, (idx, rec.get("path")), fused.prepare(data, rng)))
-            else:
-                _generic(spec, data, samples[i], rng)
-        except Exception as e:
-            raise record_error(e, idx, rec.get("path") if isinstance(rec, dict) else None) from e
-        if len(run) == _RUN:
-            _finish(fused, run, samples)
-    if run:
-        _finish(fused, run, samples)
-    if spec.target_kind == "any":  # every record is read: the region may overlap them
-        try:
-            _targets.store_targets(labels, targets)
-        except Exception as e:
-            raise record_error(e, indices[0] if len(indices) else -1, None) from e
-    return raw if spec.mode == "raw" else None
+    def copy_into(self, value: memoryview, out: Any) -> None:
+        self.df.copy_into(value, out)
 
+    def release(self, values: Any) -> None:
+        self.df.release(values)
 
-def _finish(fused: Any, run: list[tuple[int, Any, Any]], samples: np.ndarray) -> None:
-    """Decode and write a run of prepared samples (NOTE [ draw, then decode ])."""
-    for j, (idx, path), prep in run:
-        try:
-            fused.finish(prep, samples[j])
-        except Exception as e:
-            raise record_error(e, idx, path) from e
-    run.clear()
+    def __iter__(self) -> Iterator[list]:
+        if self.planned:
+            return self.source.new_pass(self._planned)
+        return self._grouped()
 
+    def _planned(self, epoch: int) -> Iterator[list]:
+        for _, batch in self.batches(self.plan(epoch)):
+            recs = [msgpack.unpackb(v, raw=False) for _, v in batch]
+            yield [[r["image"] for r in recs], np.asarray([r["label"] for r in recs])]
 
-def record_error(e: Exception, idx: int, path: Any) -> RecordError:
-    """A :class:`RecordError` for ``e``, raised while processing record ``idx`` (call it
-    in the ``except`` block: NOTE [ one error contract ] in :mod:`seqloader.errors`)."""
-    return RecordError.of(e, idx, path)
+    def _grouped(self) -> Iterator[list]:
+        buf: list = []
+        for dp in self.df:
+            buf.append(dp)
+            if len(buf) == self.batch_size:
+                yield [_stack(list(c), k) for k, c in enumerate(zip(*buf))]
+                buf = []
+        if buf and self.remainder:
+            yield [_stack(list(c), k) for k, c in enumerate(zip(*buf))]
 
-
-def _generic(spec: BatchSpec, data: bytes, out: np.ndarray, rng: np.random.Generator) -> None:
-    from ..transforms import decode_rgb
-
-    # stored pixels: a writable copy, as a decoded image would be (a transform may write it)
-    img = np.array(data) if isinstance(data, np.ndarray) else decode_rgb(data)
-    result = np.asarray(spec.transform(img, rng))
-    if result.shape != out.shape:
-        raise ValueError(f"the transform returned shape {result.shape}, but the first record "
-                         f"gave {out.shape}; batches need equal shapes (end the transform "
-                         "with a fixed-size crop such as CenterCrop/RandomResizedCrop)")
-    np.copyto(out, result, casting="same_kind")

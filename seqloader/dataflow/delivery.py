@@ -11,13 +11,14 @@ import numpy as np
 import torch
 
 from . import targetregion
-from .mapbatch import Batch, MultiProcessMapAndBatchData
+from .batch import Batch
+from .mapbatch import MultiProcessMapAndBatchData
 
 __all__ = ["Delivery"]
 
 
 class Delivery:
-    """Turns each :class:`~seqloader.dataflow.mapbatch.Batch` of ``engine.run`` into what
+    """Turns each :class:`~seqloader.dataflow.batch.Batch` of ``engine.run`` into what
     the Loader yields: ``(images, labels)`` tensors -- or ``(list of bytes, labels)`` in
     raw mode, ``(images, default_collate(targets))`` for any targets, ``collate_fn``'s
     result when given -- pinned (``pin_memory``) and on ``device`` (None: the CPU)."""
@@ -51,7 +52,7 @@ class Delivery:
         held batch stays readable after the pool stops (end of a non-persistent epoch,
         close(), the loader collected, a worker's death): its views hold an export of the
         buffer (``slot_views``), so closing the pool leaves that mapping to them
-        (``procs.unmap_later``) and it is unmapped when the batch goes."""
+        (``processgroup.unmap_later``) and it is unmapped when the batch goes."""
         labels = torch.from_numpy(labels_v.copy())
         if batch.raw is not None:
             return batch.raw, labels

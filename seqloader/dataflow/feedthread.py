@@ -10,7 +10,7 @@ import traceback
 from typing import Any, Iterator, Protocol
 
 from ..read.plan import EpochPlan
-from .batch import BatchSpec, batch_rng, slot_views
+from .batch import BatchSpec, slot_views
 from .firstbatch import part_layout, part_rngs
 from .stats import StageCounters
 
@@ -159,8 +159,7 @@ class FeedThread(threading.Thread):
                 off.append(off[-1] + len(v))
             offsets.append(off)
         values = [whole[o[i]:o[i + 1]] for o in offsets for i in range(len(o) - 1)]
-        rngs = part_rngs(spec, values, layout,
-                         batch_rng(spec.seed, plan.epoch, spec.rank, j))
+        rngs = part_rngs(spec, values, layout, plan.epoch, j)
         del values
         w0, indices = plan.worker_of(j), [i for i, _ in recs]
         for k, ((a, b, _), off, rng) in enumerate(zip(layout, offsets, rngs)):

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..format.pixels import image_source
 from .batch import BatchSpec
+from .decode import batch_rng
 
 __all__ = ["splittable", "part_layout", "part_rngs", "MIN_PART"]
 
@@ -73,11 +74,12 @@ def part_layout(spec: BatchSpec, sizes: Sequence[int], parts: int
 
 
 def part_rngs(spec: BatchSpec, values: Sequence[Any], layout: list[tuple[int, int, int]],
-              rng: np.random.Generator) -> list[np.random.Generator | None]:
-    """The generator of each part in the state its first record finds it in: the batch's
-    ``rng`` advanced by the draws of the records before (``values``: the batch's records,
-    in order).  A part after a record whose draw fails gets None (NOTE [ first batch
-    split ]: that record's worker reports it)."""
+              epoch: int, j: int) -> list[np.random.Generator | None]:
+    """The generator of each part in the state its first record finds it in: batch ``j``
+    of ``epoch``'s (``batch_rng``) advanced by the draws of the records before
+    (``values``: the batch's records, in order).  A part after a record whose draw fails
+    gets None (NOTE [ first batch split ]: that record's worker reports it)."""
+    rng = batch_rng(spec.seed, epoch, spec.rank, j)
     out: list[np.random.Generator | None] = [copy.deepcopy(rng)]
     i = 0
     for a, _, _ in layout[1:]:

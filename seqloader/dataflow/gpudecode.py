@@ -44,9 +44,8 @@ import torch
 
 from ..errors import RecordError
 from ..transforms.gpu import TensorRecipe, decode_jpegs
-from .batch import BatchSpec
+from .batch import Batch, BatchSpec
 from .gpugather import C, ON_GPU, REASONS, params_view, pixels_view
-from .mapbatch import Batch
 
 __all__ = ["GPUDecoder", "DecodeStats"]
 
@@ -81,7 +80,7 @@ class GPUDecoder:
 
     def batches(self, items: Iterator[Batch]
                 ) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
-        """``(j, (images, labels))`` for each gathered :class:`~seqloader.dataflow.mapbatch.Batch`
+        """``(j, (images, labels))`` for each gathered :class:`~seqloader.dataflow.batch.Batch`
         of ``items`` (NOTE [ GPU stream ])."""
         thread = _DecodeThread(items, self._decoded, self.decode_stream)
         thread.start()

@@ -40,7 +40,8 @@ from ..format.jpeg import jpeg_frame
 from ..format.pixels import image_source
 from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
-from .batch import BatchSpec, record_error
+from .batch import BatchSpec
+from .decode import record_error
 
 __all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "gpu_options", "sample_nbytes",
            "params_view", "pixels_view", "classify", "gather_batch"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -14,32 +13,11 @@ from ..read.plan import EpochPlan, plan_epoch
 from .base import DataFlow, ProxyDataFlow
 from ..errors import FormatError
 from . import targetregion as _targets
+from .batch import Batch, BatchSpec, slot_views
+from .decode import batch_rng, callers_rngs_kept, decode_batch, record_error
 from .stats import StageCounters
-from .batch import (BatchSpec, batch_rng, callers_rngs_kept, decode_batch, record_error,
-                    slot_views)
 
-__all__ = ["MultiProcessMapAndBatchData", "Batch", "batch_spec"]
-
-
-@dataclass
-class Batch:
-    """One batch of :meth:`MultiProcessMapAndBatchData.run`: batch ``index`` of its epoch
-    as views of the buffer it was decoded into, valid until the next batch is asked for
-    (unless the caller leases ``slot`` from the stage's ``pool``)."""
-
-    #: its number in the epoch
-    index: int
-    #: the labels (int64), or for any targets the target region (NOTE [ target region ])
-    labels: np.ndarray
-    #: the decoded samples, ``[n, *sample_shape]``
-    samples: np.ndarray
-    #: raw mode: the encoded images (``samples`` is then unused); else None
-    raw: list[bytes] | None = None
-    #: the worker pool's buffer holding it, or None (made in this process)
-    slot: int | None = None
-    #: mode "gpu": the whole batch buffer (uint8) the samples' records lie in (NOTE [ GPU
-    #: batches ]); else None
-    whole: np.ndarray | None = None
+__all__ = ["MultiProcessMapAndBatchData", "batch_spec"]
 
 
 def batch_spec(df: Any, transform: Callable | None, target_transform: Callable | None = None,
@@ -109,7 +87,7 @@ def _gpu_spec(db: Any, transform: Callable, gpu: Any, common: dict) -> BatchSpec
 
 class MultiProcessMapAndBatchData(ProxyDataFlow):
     """Apply ``transform`` to the records of each batch of ``df`` (a
-    :class:`~seqloader.dataflow.stages.BatchData` over the reader stages) in
+    :class:`~seqloader.dataflow.batch.BatchData` over the reader stages) in
     ``num_workers`` processes, writing each batch straight into a shared-memory buffer.
 
     Yields ``[images, labels]`` per batch: ``images`` an array of ``[B, *sample_shape]``

@@ -1,6 +1,6 @@
 """One pass at a time: an iterator that a newer pass of the same source ends.
 
-The Loader and :class:`~seqloader.dataflow.stages.LMDBData` serve one epoch at a time (their
+The Loader and :class:`~seqloader.dataflow.lmdbdata.LMDBData` serve one epoch at a time (their
 workers or reader belong to it).  Starting a new pass ends the old one; the old
 iterator's ``next()`` then raises RuntimeError -- it must not just stop, which would
 look like a finished (short) epoch to whatever consumes it.

@@ -22,7 +22,7 @@ NOTE [ worker lifecycle ]
   the buffer, which returns to the pool when the tensor is garbage-collected).
   Only small messages cross the pipes; bytes and pixels stay in shared memory (a
   batch too large for its buffer's input region goes by pipe).
-* Waits, dead and stuck workers, shutdown: :class:`~seqloader.dataflow.procs.ProcessGroup`
+* Waits, dead and stuck workers, shutdown: :class:`~seqloader.workers.processgroup.ProcessGroup`
   (NOTE [ pool shutdown ]); ``timeout`` bounds how long one batch may take.
 * Errors: a worker that fails on a record sends the :class:`RecordError`'s fields;
   the parent cancels the epoch and raises it (NOTE [ one error contract ]).
@@ -44,13 +44,14 @@ import numpy as np
 
 from ..errors import RecordError, SeqloaderError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
-from .batch import BatchSpec, batch_rng, decode_batch, slot_views
+from .batch import BatchSpec, slot_views
+from .decode import batch_rng, decode_batch
 from .feedthread import Feed, FeedThread
 from .firstbatch import splittable
 from .gpugather import gather_batch
-from .procs import ProcessGroup, kill, serve, unmap_later
+from ..workers.processgroup import ProcessGroup, kill, serve, unmap_later
+from ..workers.threads import prepare_worker
 from .stats import StageCounters
-from .threads import prepare_worker
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 

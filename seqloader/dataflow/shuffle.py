@@ -1,29 +1,36 @@
-"""The local shuffle buffer: one algorithm, for stream positions or for items.
+"""The local shuffle: one buffer algorithm, for stream positions or for items, and the
+stage that runs it, :class:`LocallyShuffleData`.
 
 NOTE [ local shuffle ]
-A buffer of ``capacity`` items; each output is drawn uniformly from the buffer.
+A buffer of ``buffer_size`` items (the Loader's ``cache``: tensorpack's stage name
+below the BayesWatch loader's argument name, which a user passes through unchanged); each output is drawn uniformly from the buffer.
 Warm-up: output starts once ``warmup`` items are buffered; the first ``eager``
 outputs (the Loader: one batch) are released one per input, so the first batch
-needs only ``warmup + B - 1`` records read; after that, while the buffer is below
-capacity, it takes two inputs per output, so it fills up while batches are
+needs only ``warmup + B - 1`` records read; after that, while the buffer is not
+full, it takes two inputs per output, so it fills up while batches are
 already flowing (the first batch never waits for a 50,000-record buffer).  At the
 end of the stream the rest is drained in random order.  So a warm-up of the whole
 stream (a split that fits in the buffer: :func:`default_warmup`) gives a uniform
 permutation; a short one emits early inputs early, epoch after epoch.
 
 The algorithm only moves positions around, so the whole output order of a worker's
-stream is a pure function of (stream length, capacity, warmup, rng): the worker
+stream is a pure function of (stream length, buffer_size, warmup, rng): the worker
 runs it on positions and keeps the records read but not yet emitted (at most
-``capacity``) in a dict.  Resuming mid-epoch replays it on positions only (no I/O)
+``buffer_size``) in a dict.  Resuming mid-epoch replays it on positions only (no I/O)
 and re-reads just the records that were in the buffer.
 """
 from __future__ import annotations
 
-from typing import Generic, Iterable, Iterator, TypeVar
+from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-__all__ = ["ShuffleBuffer", "shuffled", "shuffle_order", "default_warmup"]
+from ..read.plan import EpochPlan, PlanSpec, PositionMap, check_count, plan_epoch, skip_ranges
+from .base import DataFlow, ProxyDataFlow, Records
+from .lmdbdata import LMDBData, unpacked_records
+
+__all__ = ["ShuffleBuffer", "shuffled", "shuffle_order", "default_warmup", "shuffle_rng",
+           "LocallyShuffleData"]
 
 T = TypeVar("T")
 _BLOCK = 4096
@@ -36,14 +43,14 @@ class ShuffleBuffer(Generic[T]):
     ``produced`` (outputs released).
     """
 
-    def __init__(self, capacity: int, rng: np.random.Generator, *, warmup: int | None = None,
+    def __init__(self, buffer_size: int, rng: np.random.Generator, *, warmup: int | None = None,
                  eager: int = 0):
-        if capacity < 1:
-            raise ValueError(f"shuffle buffer capacity must be >= 1, got {capacity}")
+        if buffer_size < 1:
+            raise ValueError(f"shuffle buffer_size must be >= 1, got {buffer_size}")
         if eager < 0:
             raise ValueError(f"eager must be >= 0, got {eager}")
-        self.capacity = capacity
-        self.warmup = max(1, min(capacity, warmup if warmup is not None else capacity))
+        self.buffer_size = buffer_size
+        self.warmup = max(1, min(buffer_size, warmup if warmup is not None else buffer_size))
         self.eager = eager
         self.rng = rng
         self.items: list[T] = []
@@ -66,7 +73,7 @@ class ShuffleBuffer(Generic[T]):
         self.items.append(item)
         self.consumed += 1
         n = len(self.items)
-        if n >= self.capacity or (n >= self.warmup and (self.produced < self.eager
+        if n >= self.buffer_size or (n >= self.warmup and (self.produced < self.eager
                                                         or self.consumed % 2 == 0)):
             return [self._pop()]
         return []
@@ -76,27 +83,120 @@ class ShuffleBuffer(Generic[T]):
             yield self._pop()
 
 
-def shuffled(items: Iterable[T], capacity: int, rng: np.random.Generator, *,
+def shuffled(items: Iterable[T], buffer_size: int, rng: np.random.Generator, *,
              warmup: int | None = None, eager: int = 0) -> Iterator[T]:
     """Yield ``items`` locally shuffled (see NOTE [ local shuffle ]).  Finite if ``items`` is."""
-    buf: ShuffleBuffer[T] = ShuffleBuffer(capacity, rng, warmup=warmup, eager=eager)
+    buf: ShuffleBuffer[T] = ShuffleBuffer(buffer_size, rng, warmup=warmup, eager=eager)
     for x in items:
         yield from buf.push(x)
     yield from buf.drain()
 
 
-def shuffle_order(n: int, capacity: int, rng: np.random.Generator, *,
+def shuffle_order(n: int, buffer_size: int, rng: np.random.Generator, *,
                   warmup: int | None = None, eager: int = 0) -> np.ndarray:
     """The output order of ``shuffled(range(n), ...)`` as an array (for analysis)."""
-    return np.fromiter(shuffled(range(n), capacity, rng, warmup=warmup, eager=eager), np.int64, n)
+    return np.fromiter(shuffled(range(n), buffer_size, rng, warmup=warmup, eager=eager), np.int64, n)
 
 
-def default_warmup(cache: int, batch_size: int, num_records: int, world_size: int) -> int:
+def default_warmup(buffer_size: int, batch_size: int, num_records: int, world_size: int) -> int:
     """The Loader's default ``warmup``: one batch (the first batch then needs only
     ``warmup + B - 1`` records read) -- unless a rank's whole share of the split fits in
-    the buffer (ceil(``num_records`` / ``world_size``) <= ``cache``): then the
+    the buffer (ceil(``num_records`` / ``world_size``) <= ``buffer_size``): then the
     whole buffer, so every epoch is a uniform permutation.  With a one-batch warm-up a
     share that fits emits its early records early every epoch (480 records in one chunk:
     consecutive epochs' orders correlated 0.44 instead of ~0); the cost is reading that
     share before its first batch."""
-    return cache if -(-num_records // world_size) <= cache else min(cache, batch_size)
+    return (buffer_size if -(-num_records // world_size) <= buffer_size
+            else min(buffer_size, batch_size))
+
+
+def shuffle_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
+    """The local-shuffle generator of one (seed, epoch, rank)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, epoch, rank, 1]))
+
+
+class LocallyShuffleData(ProxyDataFlow):
+    """Shuffle within a buffer of ``buffer_size`` datapoints (NOTE [ local shuffle ]).
+
+    Over an :class:`LMDBData` (NOTE [ planned stages ]) it shuffles the encoded records
+    as the Loader does -- seeded from the source's (seed, epoch, rank), ``warmup``
+    records before the first output (default: the Loader's,
+    :func:`default_warmup`) -- and holds positions, so a
+    resumed epoch skips its first outputs without reading them.  Over any other stage
+    it shuffles datapoints, seeded from (``seed``, its own epoch count).  Memory:
+    ``buffer_size`` records (page cache) or datapoints."""
+
+    def __init__(self, df: DataFlow, buffer_size: int, *, seed: int = 0, warmup: int | None = None):
+        super().__init__(df)
+        check_count("buffer_size", buffer_size, 1)
+        if warmup is not None:
+            check_count("warmup", warmup, 0)
+        self.buffer_size, self.seed, self.warmup = int(buffer_size), seed, warmup
+        # it shuffles records by position, reading the root's files directly
+        self.source = df if isinstance(df, LMDBData) else None
+        self.planned = "records" if self.source is not None else None
+        self.epoch = 0
+        #: the shuffle buffer of the pass in progress (or the last), or None
+        self.buffer: ShuffleBuffer | None = None
+
+    @property
+    def plan_spec(self) -> PlanSpec:
+        """The records' plan, as its source's (NOTE [ planned stages ])."""
+        return self.source.plan_spec
+
+    def _warmup(self, plan: EpochPlan) -> int:
+        """The warm-up for ``plan`` (default: one of its batches,
+        :func:`default_warmup`)."""
+        if self.warmup is not None:
+            return self.warmup
+        s = plan.spec
+        return default_warmup(self.buffer_size, s.batch_size, s.num_records, s.world_size)
+
+    def records(self, plan: EpochPlan, skip: int = 0, eager: int = 0, stop: Any = None) -> Records:
+        """The plan's records in output (shuffled) order, minus the first ``skip``
+        outputs, which are skipped on positions only (NOTE [ local shuffle ]; ``eager``
+        as there: the first batch's size).  Raises :class:`Stopped` once ``stop`` is set."""
+        src = self.source
+        if not src.shuffle:  # (file order: evaluation)
+            yield from src.records(plan, skip, eager, stop)
+            return
+        index_of = PositionMap(plan.ranges)
+        n = len(index_of)
+        buf: ShuffleBuffer[int] = ShuffleBuffer(self.buffer_size,
+                                                shuffle_rng(src.seed, plan.epoch, src.rank),
+                                                warmup=self._warmup(plan), eager=eager)
+        self.buffer = buf  # (its fill, for the Loader's stats)
+        emitted = pos = 0
+        while emitted < skip and pos < n:  # fast-forward on positions, no I/O
+            emitted += len(buf.push(pos))
+            pos += 1
+        drain = buf.drain()
+        while emitted < skip:
+            next(drain)
+            emitted += 1
+        # the records read but not yet emitted, as (index, value) by stream position;
+        # first the buffer at `skip` (no position -> index search per record)
+        held = {p: (index_of(p), src.get(index_of(p))) for p in buf.items}
+        stream = src.read(skip_ranges(plan.ranges, pos), stop)
+        for p in range(pos, n):
+            held[p] = next(stream)
+            for out in buf.push(p):
+                yield held.pop(out)
+        for out in buf.drain():
+            yield held.pop(out)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(self.plan_spec, epoch)
+
+    def copy_into(self, value: memoryview, out: Any) -> None:
+        self.source.copy_into(value, out)
+
+    def release(self, values: Sequence[memoryview]) -> None:
+        self.source.release(values)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.source is not None:
+            return self.source.new_pass(lambda epoch: unpacked_records(self.records(self.plan(epoch))))
+        rng = shuffle_rng(self.seed, self.epoch, 0)
+        self.epoch += 1
+        return shuffled(self.df, self.buffer_size, rng, warmup=self.warmup)

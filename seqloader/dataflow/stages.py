@@ -16,25 +16,22 @@ or, datapoint by datapoint, with the names people know from tensorpack::
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any, Callable, Iterator
 
-import msgpack
 import numpy as np
 
 from ..errors import RecordError
-from ..read.plan import EpochPlan, check_count, num_batches, plan_epoch
+from ..read.plan import check_count
+from ..workers.processmap import ProcessMap
 from .base import DataFlow, ProxyDataFlow
-from .imap import MultiProcessMapData
+from .batch import BatchData
+from .decode import seed_global_rngs
 from .mapbatch import MultiProcessMapAndBatchData
-from .reading import LMDBData, LocallyShuffleData
+from .lmdbdata import LMDBData
+from .shuffle import LocallyShuffleData
 
 __all__ = ["DataFlow", "LMDBData", "LocallyShuffleData", "MapData", "MapDataComponent",
            "BatchData", "MultiProcessMapData", "MultiProcessMapAndBatchData"]
-
-EncodedBatch = list[tuple[int, memoryview]]
-
 
 class MapData(ProxyDataFlow):
     """Apply ``fn`` to each datapoint.  ``fn`` must not return None (no filtering here:
@@ -72,91 +69,72 @@ class MapDataComponent(MapData):
         self.component_fn, self.index = fn, index
 
 
-def _stack(items: list, component: int = 0) -> Any:
-    first = items[0]
-    if isinstance(first, np.ndarray):
-        shapes = {x.shape for x in items if isinstance(x, np.ndarray)}
-        if len(shapes) > 1:
-            raise ValueError(f"BatchData: component {component} of the datapoints has shapes "
-                             f"{sorted(shapes)[:4]}{' ...' if len(shapes) > 4 else ''}; arrays "
-                             "are stacked, so they need one shape -- end the map with a "
-                             "fixed-size crop (e.g. RandomResizedCrop(224))")
-        return np.stack(items)
-    if isinstance(first, (int, float, np.number, bool)):
-        return np.asarray(items)
-    return list(items)
+class _Seeded:
+    """``fn(dp)`` for ``(i, dp)`` with the generators seeded from (seed, epoch, i)."""
+
+    def __init__(self, fn: Callable[[Any], Any], seed: int):
+        self.fn, self.seed, self.epoch = fn, seed, 0
+
+    def __call__(self, item: tuple[int, int, Any]) -> Any:
+        from ..transforms.rng import seed_default
+
+        epoch, i, dp = item
+        ss = np.random.SeedSequence([self.seed, epoch, i, 3])
+        seed_default(ss)
+        seed_global_rngs(int(ss.generate_state(1)[0]))
+        return self.fn(dp)
 
 
-class BatchData(ProxyDataFlow):
-    """Group ``batch_size`` datapoints; each component is stacked (arrays, numbers) or
-    listed (bytes, objects).  ``remainder=True`` keeps a last smaller batch.
+def _datapoint(item: tuple[int, int, Any]) -> tuple[int, None]:
+    return item[1], None
 
-    Over a stage that follows :class:`~seqloader.dataflow.base.PlannedRecords` (the
-    reader stages; NOTE [ planned stages ]) the batches are an epoch plan's: its
-    :attr:`plan_spec` is the upstream's with this batch size and ``drop_last = not
-    remainder`` (records a dropped last batch would hold are not read), and
-    :meth:`batches` hands out the encoded records of each batch -- it then follows
-    :class:`~seqloader.dataflow.base.PlannedBatches`."""
 
-    def __init__(self, df: DataFlow, batch_size: int, remainder: bool = False):
+class MultiProcessMapData(ProxyDataFlow):
+    """Apply ``fn`` to each datapoint in ``num_proc`` processes, keeping the order.
+
+    Datapoints and results are pickled (use :class:`MultiProcessMapAndBatchData` for the
+    shared-memory batch path).  At most ``buffer_size`` datapoints are in flight.  An
+    exception in ``fn`` raises :class:`~seqloader.errors.RecordError` naming the
+    datapoint (``index``), chained to the worker's traceback; a killed worker raises
+    :class:`~seqloader.errors.WorkerDiedError` at once, never hangs, and the next
+    iteration starts new processes.  ``fn`` must be picklable for spawn.  Processes
+    start in ``reset_state`` and stop in :meth:`close` (or at exit), and die with this
+    process.  Before each call the worker seeds the generators random transforms draw
+    from -- seqloader's default one, ``random``, numpy's global one and torch's CPU one
+    (when torch is loaded in the worker) -- from ``(seed, epoch, datapoint index)``:
+    results do not depend on which worker took a datapoint."""
+
+    def __init__(self, df: DataFlow, num_proc: int, fn: Callable[[Any], Any], *,
+                 buffer_size: int = 64, start_method: str | None = None, seed: int = 0):
         super().__init__(df)
-        check_count("batch_size", batch_size, 1)
-        self.batch_size, self.remainder = int(batch_size), remainder
-        self.planned = "batches" if df.planned == "records" else None
-        self.source = df.source if self.planned else None
-        self.plan_spec = (dataclasses.replace(df.plan_spec, batch_size=self.batch_size,
-                                              drop_last=not remainder)
-                          if self.planned else None)
+        check_count("num_proc", num_proc, 1)
+        check_count("buffer_size", buffer_size, 1)
+        self.num_proc, self.buffer_size = int(num_proc), int(buffer_size)
+        self.fn, self.seed, self.start_method = fn, seed, start_method
+        self._epoch = 0
+        self._pm: ProcessMap | None = None
 
-    def __len__(self) -> int:
-        if self.planned:
-            return num_batches(self.plan_spec)
-        n = len(self.df)
-        return math.ceil(n / self.batch_size) if self.remainder else n // self.batch_size
+    def reset_state(self) -> None:
+        super().reset_state()
+        if self._pm is not None and not self._pm.group.started:  # a worker died: anew
+            self._pm = None
+        if self._pm is None:
+            window = max(1, -(-self.buffer_size // 4))
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            self._pm = ProcessMap(_Seeded(self.fn, self.seed), self.num_proc, window=window,
+                                  chunk=min(4, self.buffer_size), slot_bytes=0,
+                                  start_method=self.start_method, where=_datapoint,
+                                  what=f"MultiProcessMapData: {name} failed on datapoint {{index}}")
+        self._pm.start()
 
-    def plan(self, epoch: int) -> EpochPlan:
-        return plan_epoch(self.plan_spec, epoch)
+    def __iter__(self) -> Iterator[Any]:
+        if self._pm is None:
+            raise RuntimeError("call reset_state() before iterating")
+        epoch, self._epoch = self._epoch, self._epoch + 1
+        yield from self._pm.map((epoch, i, dp) for i, dp in enumerate(self.df))
 
-    def batches(self, plan: EpochPlan, first: int = 0, *, release: bool = True,
-                stop: Any = None) -> Iterator[tuple[int, EncodedBatch]]:
-        """Yield ``(j, [(index, value), ...])`` for batches ``j >= first`` of ``plan``.
-        Values are zero-copy views, valid until :meth:`close`; use a batch before asking
-        for the next (with ``release``, its pages are then unmapped; the values stay
-        valid).  A caller that only copies values out with :meth:`copy_into` maps no
-        pages and passes ``release=False``.  ``stop``: an Event that stops the reading
-        (:class:`~seqloader.dataflow.feedthread.Stopped` is raised)."""
-        sizes = plan.batch_sizes
-        records = self.df.records(plan, sum(sizes[:first]), eager=sizes[0] if len(sizes) else 0,
-                                  stop=stop)
-        for j in range(first, len(sizes)):
-            batch = [next(records) for _ in range(sizes[j])]
-            yield j, batch
-            if release:
-                self.df.release([v for _, v in batch])  # used: NOTE [ mapped pages ]
-
-    def copy_into(self, value: memoryview, out: Any) -> None:
-        self.df.copy_into(value, out)
-
-    def release(self, values: Any) -> None:
-        self.df.release(values)
-
-    def __iter__(self) -> Iterator[list]:
-        if self.planned:
-            return self.source.new_pass(self._planned)
-        return self._grouped()
-
-    def _planned(self, epoch: int) -> Iterator[list]:
-        for _, batch in self.batches(self.plan(epoch)):
-            recs = [msgpack.unpackb(v, raw=False) for _, v in batch]
-            yield [[r["image"] for r in recs], np.asarray([r["label"] for r in recs])]
-
-    def _grouped(self) -> Iterator[list]:
-        buf: list = []
-        for dp in self.df:
-            buf.append(dp)
-            if len(buf) == self.batch_size:
-                yield [_stack(list(c), k) for k, c in enumerate(zip(*buf))]
-                buf = []
-        if buf and self.remainder:
-            yield [_stack(list(c), k) for k, c in enumerate(zip(*buf))]
-
+    def close(self) -> None:
+        if self._pm is not None:
+            self._pm.close()
+            self._pm = None
+        super().close()

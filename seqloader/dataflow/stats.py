@@ -251,7 +251,7 @@ def pipeline_figures(engine: Any) -> dict[str, float]:
     while df is not None:  # (the stages down to the reader)
         buf = getattr(df, "buffer", None)
         if buf is not None:
-            out["shuffle_fill"] = round(len(buf.items) / buf.capacity, 3)
+            out["shuffle_fill"] = round(len(buf.items) / buf.buffer_size, 3)
             break
         df = getattr(df, "df", None)
     pool = getattr(engine, "pool", None)

@@ -14,7 +14,7 @@ NOTE [ the epoch plan ]
    Evaluation (not ``even``): slices differ by at most one record, every record
    is visited exactly once overall, and batch counts may differ by one.
 4. One reader per rank walks the rank's slice in order (long sequential reads,
-   see NOTE [ one reader per rank ] in :mod:`seqloader.dataflow.reading`), shuffles it
+   see NOTE [ one reader per rank ] in :mod:`seqloader.dataflow.lmdbdata`), shuffles it
    locally (:mod:`seqloader.dataflow.shuffle`, seeded by (seed, epoch, rank)) and cuts it
    into batches of ``batch_size`` (the last one smaller, or dropped with
    ``drop_last``: at most ``batch_size - 1`` records of the rank's slice).
@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import numpy as np
 
 __all__ = ["DEFAULT_CACHE", "DEFAULT_CHUNK", "PlanSpec", "check_plan", "EpochPlan", "make_chunks",
-           "chunk_order", "rank_bounds", "slice_ranges", "batch_sizes", "plan_epoch", "num_batches"]
+           "chunk_order", "rank_bounds", "slice_ranges", "batch_sizes", "plan_epoch", "num_batches",
+           "PositionMap", "skip_ranges"]
 
 Range = tuple[int, int]
 
@@ -194,4 +195,36 @@ def _merge(ranges: list[Range]) -> list[Range]:
             out[-1] = (out[-1][0], b)
         else:
             out.append((a, b))
+    return out
+
+
+class PositionMap:
+    """Stream position -> global record index, for a list of ranges."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]]):
+        self.starts = np.cumsum([0] + [b - a for a, b in ranges])
+        self.firsts = np.asarray([a for a, _ in ranges] or [0])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __call__(self, p: int) -> int:
+        i = int(np.searchsorted(self.starts, p, side="right")) - 1
+        return int(self.firsts[i] + p - self.starts[i])
+
+    def many(self, positions: np.ndarray) -> np.ndarray:
+        """:meth:`__call__` of every position at once (int64)."""
+        i = np.searchsorted(self.starts, positions, side="right") - 1
+        return (self.firsts[i] + positions - self.starts[i]).astype(np.int64)
+
+
+def skip_ranges(ranges: Sequence[tuple[int, int]], skip: int) -> list[tuple[int, int]]:
+    """``ranges`` without their first ``skip`` records."""
+    out = []
+    for a, b in ranges:
+        if skip >= b - a:
+            skip -= b - a
+            continue
+        out.append((a + skip, b))
+        skip = 0
     return out

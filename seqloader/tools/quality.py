@@ -14,9 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dataflow.reading import PositionMap, shuffle_rng
-from ..read.plan import PlanSpec, plan_epoch
-from ..dataflow.shuffle import default_warmup, shuffle_order
+from ..read.plan import PlanSpec, PositionMap, plan_epoch
+from ..dataflow.shuffle import default_warmup, shuffle_order, shuffle_rng
 
 __all__ = ["epoch_order", "expected_distinct", "distinct_ratio", "epoch_correlation",
            "ShuffleQuality", "shuffle_quality"]
@@ -25,7 +24,7 @@ __all__ = ["epoch_order", "expected_distinct", "distinct_ratio", "epoch_correlat
 def epoch_order(spec: PlanSpec, epoch: int, *, cache: int, warmup: int | None = None) -> np.ndarray:
     """Global record indices in the order the Loader yields them for ``spec.rank``.
 
-    Mirrors :class:`~seqloader.dataflow.reading.LocallyShuffleData` (same plan, same generator); ``cache``
+    Mirrors :class:`~seqloader.dataflow.shuffle.LocallyShuffleData` (same plan, same generator); ``cache``
     and ``warmup`` as given to the Loader (``warmup`` defaults like the Loader's).
     """
     plan = plan_epoch(spec, epoch)

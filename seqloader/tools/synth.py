@@ -177,12 +177,12 @@ def _make_pool(workers: int):
     """A multiprocessing Pool whose workers run OpenCV single-threaded.
 
     Linux: ``fork`` (no ``__main__`` guard needed in callers, fast start); elsewhere
-    ``spawn``.  See NOTE [ OpenCV threads and fork ] in :mod:`seqloader.dataflow.threads`.
+    ``spawn``.  See NOTE [ OpenCV threads and fork ] in :mod:`seqloader.workers.threads`.
     """
     import multiprocessing as mp
     import sys
 
-    from ..dataflow.threads import forking_single_threaded, limit_worker_threads
+    from ..workers.threads import forking_single_threaded, limit_worker_threads
 
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     with forking_single_threaded(method):

@@ -100,7 +100,7 @@ class FusedPipeline:
     reentrant across threads; one instance may serve a whole worker process.  A call
     is :meth:`prepare` (header, random draw, decode window: cheap, consumes the
     generator) then :meth:`finish` (decode and render); workers prepare a run of
-    samples before finishing them (NOTE [ draw, then decode ] in ``seqloader/dataflow/batch.py``).
+    samples before finishing them (NOTE [ draw, then decode ] in ``seqloader/dataflow/decode.py``).
     """
 
     def __init__(self, geometry: RRCGeometry | ResizeCropGeometry, out_hw: tuple[int, int], *,
@@ -238,7 +238,7 @@ class FusedPipeline:
         decode.  Cheap -- no decoding, except for non-JPEG data (decoded here, whole:
         its size is needed to draw the crop); an HWC array (stored pixels) is rendered
         from as it is.  ``data`` must stay unchanged until
-        :meth:`finish`.  NOTE [ draw, then decode ] in ``seqloader/dataflow/batch.py``."""
+        :meth:`finish`.  NOTE [ draw, then decode ] in ``seqloader/dataflow/decode.py``."""
         if rng is None:
             rng = get_default_rng()
         if isinstance(data, np.ndarray) and data.ndim == 3:

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..dataflow.imap import process_map
+from ..workers.processmap import process_map
 from .options import WriteOptions
 from .shardwriter import prepare_record
 from .sources import read_at

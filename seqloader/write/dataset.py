@@ -36,7 +36,7 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from ..dataflow.imap import process_map
+from ..workers.processmap import process_map
 from ..format.meta import Meta
 from ..format.files import db_name
 from ..format.keys import encode_key

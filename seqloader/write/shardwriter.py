@@ -23,8 +23,8 @@ from ..format.records import Record, pack_record
 from ..errors import FormatError, OutputExistsError
 from ..read.pages import PAGE as _PAGE, value_extents
 from .prepare import prepare_image
-from ..dataflow.imap import named_errors, process_map
-from ..dataflow.ordered import ordered_map
+from ..workers.processmap import named_errors, process_map
+from ..workers.threadmap import thread_map
 from .scan import Scan
 from ..errors import BadImageError, WorkerDiedError
 
@@ -133,7 +133,7 @@ class ShardWriter:
 
     def _prepared(self, positions: range):
         """``_prepare`` over ``positions`` in order: threads when only reading (I/O), forked
-        processes when decoding (:func:`~seqloader.dataflow.imap.process_map`): one per
+        processes when decoding (:func:`~seqloader.workers.processmap.process_map`): one per
         core plus one, which keeps the cores busy while a decoder waits for this process
         (measured: 6.0-6.2 s for 10,000 images against 6.2-6.4 s with one per core).
         An unexpected exception (not a bad image: those are bad-files rows) raises
@@ -143,7 +143,7 @@ class ShardWriter:
         opt = self.opt
         if (not (opt.verify or opt.max_size or opt.image_format == "pixels")
                 or os.cpu_count() == 1 or not hasattr(os, "fork")):
-            return ordered_map(named_errors(self._prepare, self._where), positions,
+            return thread_map(named_errors(self._prepare, self._where), positions,
                                workers=opt.workers)
         _ACTIVE = self
         return process_map(_prepare_active, positions, where=self._where,

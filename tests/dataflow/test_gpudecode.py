@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from seqloader import GPUOptions, Loader, RecordError, WriteOptions, preprocess
-from seqloader.dataflow.batch import batch_rng
+from seqloader.dataflow.decode import batch_rng
 from seqloader.dataflow.gpudecode import GPUDecoder
 from seqloader.dataflow.gpugather import C, ON_GPU, REASONS, classify, params_view
 from seqloader.dataflow.mapbatch import MultiProcessMapAndBatchData
-from seqloader.dataflow.reading import LMDBData, LocallyShuffleData
+from seqloader.dataflow.lmdbdata import LMDBData
+from seqloader.dataflow.shuffle import LocallyShuffleData
 from seqloader.dataflow.stages import BatchData
 from seqloader.format.pixels import image_source
 from seqloader.transforms import (CenterCrop, Compose, Normalize, RandomHorizontalFlip,

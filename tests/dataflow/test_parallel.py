@@ -220,7 +220,8 @@ def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_di
     import numpy as np
     from conftest import read_records
     from seqloader.format.records import pack_record
-    from seqloader.dataflow.batch import _RUN, BatchSpec, batch_rng, decode_batch
+    from seqloader.dataflow.batch import BatchSpec
+    from seqloader.dataflow.decode import _RUN, batch_rng, decode_batch
     recs = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")][:40]
     assert len(recs) == 40 and _RUN < 21 < 2 * _RUN
     fused = T.compile_fused(T.Compose([T.RandomResizedCrop(24, scale=(0.05, 0.5)),

@@ -12,7 +12,7 @@ from torch.utils.data import default_collate
 
 from conftest import assert_digests_match
 from seqloader import Loader, open_database, write_dataset
-from seqloader.dataflow.batch import batch_rng
+from seqloader.dataflow.decode import batch_rng
 from seqloader.errors import FormatError
 from seqloader.format.records import Record, pack_record, unpack_record
 from seqloader.format.targets import decode_target, encode_target

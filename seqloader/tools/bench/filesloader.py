@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ...dataflow.threads import forking_single_threaded
+from ...workers.threads import forking_single_threaded
 from ...errors import NotFoundError
 
 __all__ = ["FilesDataset", "FilesLoader", "collate_raw", "collate_decoded", "resolve_tree",
@@ -102,7 +102,7 @@ def worker_init(worker_id: int) -> None:
     """Per-worker set-up matching seqloader's workers: single-threaded OpenCV, and a
     distinct default generator for the transforms (forked workers would otherwise
     share the parent's generator state and draw identical crops)."""
-    from ...dataflow.threads import limit_worker_threads
+    from ...workers.threads import limit_worker_threads
     from ...transforms import seed_default
 
     limit_worker_threads()

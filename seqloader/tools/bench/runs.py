@@ -219,7 +219,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     path): what a seqloader worker does -- with a fused pipeline
     (``compile_fused(transform)``) the workers' own ``decode_batch`` over batches of 16
     records (unpack, draw, decode into preallocated samples: NOTE [ draw, then decode ]
-    in ``seqloader/dataflow/batch.py``), or, for other transforms, msgpack-unpack +
+    in ``seqloader/dataflow/decode.py``), or, for other transforms, msgpack-unpack +
     ``decode_rgb`` + transform + copy into a sample.  A
     :class:`~seqloader.write.scan.Scan` or a sequence of image file paths: what the files loader
     does -- ``decode_rgb`` + transform.  ``records`` images spread over the data are
@@ -240,7 +240,8 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
     import msgpack
 
     from ...read.database import Database, open_database
-    from ...dataflow.batch import BatchSpec, batch_rng, decode_batch
+    from ...dataflow.batch import BatchSpec
+    from ...dataflow.decode import batch_rng, decode_batch
     from ...write.scan import Scan
     from ...transforms import adapt, compile_fused, decode_rgb
 

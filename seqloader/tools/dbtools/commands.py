@@ -6,23 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["add_commands", "size_arg"]
+from ..sizes import size_arg
+
+__all__ = ["add_commands"]
 
 _PATH_HELP = ("a .lmdb file, one shard of a set, or a folder of them: every split in it, "
               "unless --split names one")
-
-
-def size_arg(text: str) -> int:
-    """``1G``, ``512M``, ``100000``: a number of bytes (argparse type)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        n = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 1G, 512M or 1000000")
-    if not n > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
-    return int(n)
 
 
 def _common(p: argparse.ArgumentParser, *, split: bool = True, out: bool = True) -> None:

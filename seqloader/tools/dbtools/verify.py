@@ -18,8 +18,8 @@ from ...format.keys import decode_key, encode_key, is_record_key
 from ...format.records import unpack_record
 from ...read.pages import address, map_base
 from ...format.imagecheck import check_stored
-from ...dataflow.imap import named_errors, process_map
-from ...dataflow.ordered import ordered_map
+from ...workers.processmap import named_errors, process_map
+from ...workers.threadmap import thread_map
 from ...errors import FormatError, WorkerDiedError
 
 __all__ = ["VerifyResult", "verify_database"]
@@ -125,7 +125,7 @@ def _map(items: Iterator[tuple], workers: int) -> Iterator[tuple[bytes, bytes, s
     (a damaged record is a result, not an exception)."""
     if _forked(workers):
         return process_map(_check, items, workers=workers, slot_bytes=0, where=_where)
-    return ordered_map(named_errors(_check, _where), items, workers=workers)
+    return thread_map(named_errors(_check, _where), items, workers=workers)
 
 
 def verify_database(path: str | Path, split: str | None = None, *, workers: int | None = None,

@@ -1,6 +1,6 @@
 """An ordered map over worker processes (:class:`ProcessMap`), for the DataFlow map
-stage (:class:`MultiProcessMapData`), the writer's decode checks and ``verify``; on the
-same :class:`~seqloader.dataflow.procs.ProcessGroup` as the Loader's pool, so with its
+stage (:class:`~seqloader.dataflow.stages.MultiProcessMapData`), the writer's decode checks and ``verify``; on the
+same :class:`~seqloader.workers.processgroup.ProcessGroup` as the Loader's pool, so with its
 shutdown protocol and error contract (NOTE [ pool shutdown ], NOTE [ one error
 contract ]).
 
@@ -19,12 +19,11 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from ..errors import RecordError
-from .base import DataFlow, ProxyDataFlow
 from .arena import ARENAS, InArena, arena_ids, collect
-from .procs import ProcessGroup, kill, serve
+from .processgroup import ProcessGroup, kill, serve
 from .threads import prepare_worker
 
-__all__ = ["ProcessMap", "process_map", "MultiProcessMapData", "named_errors"]
+__all__ = ["ProcessMap", "process_map", "named_errors"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -228,77 +227,3 @@ def process_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
         yield from pm.map(items)
     finally:
         pm.close()
-
-
-class _Seeded:
-    """``fn(dp)`` for ``(i, dp)`` with the generators seeded from (seed, epoch, i)."""
-
-    def __init__(self, fn: Callable[[Any], Any], seed: int):
-        self.fn, self.seed, self.epoch = fn, seed, 0
-
-    def __call__(self, item: tuple[int, int, Any]) -> Any:
-        from ..transforms.rng import seed_default
-        from .batch import seed_global_rngs
-
-        epoch, i, dp = item
-        ss = np.random.SeedSequence([self.seed, epoch, i, 3])
-        seed_default(ss)
-        seed_global_rngs(int(ss.generate_state(1)[0]))
-        return self.fn(dp)
-
-
-def _datapoint(item: tuple[int, int, Any]) -> tuple[int, None]:
-    return item[1], None
-
-
-class MultiProcessMapData(ProxyDataFlow):
-    """Apply ``fn`` to each datapoint in ``num_proc`` processes, keeping the order.
-
-    Datapoints and results are pickled (use :class:`MultiProcessMapAndBatchData` for the
-    shared-memory batch path).  At most ``buffer_size`` datapoints are in flight.  An
-    exception in ``fn`` raises :class:`~seqloader.errors.RecordError` naming the
-    datapoint (``index``), chained to the worker's traceback; a killed worker raises
-    :class:`~seqloader.errors.WorkerDiedError` at once, never hangs, and the next
-    iteration starts new processes.  ``fn`` must be picklable for spawn.  Processes
-    start in ``reset_state`` and stop in :meth:`close` (or at exit), and die with this
-    process.  Before each call the worker seeds the generators random transforms draw
-    from -- seqloader's default one, ``random``, numpy's global one and torch's CPU one
-    (when torch is loaded in the worker) -- from ``(seed, epoch, datapoint index)``:
-    results do not depend on which worker took a datapoint."""
-
-    def __init__(self, df: DataFlow, num_proc: int, fn: Callable[[Any], Any], *,
-                 buffer_size: int = 64, start_method: str | None = None, seed: int = 0):
-        from ..read.plan import check_count
-
-        super().__init__(df)
-        check_count("num_proc", num_proc, 1)
-        check_count("buffer_size", buffer_size, 1)
-        self.num_proc, self.buffer_size = int(num_proc), int(buffer_size)
-        self.fn, self.seed, self.start_method = fn, seed, start_method
-        self._epoch = 0
-        self._pm: ProcessMap | None = None
-
-    def reset_state(self) -> None:
-        super().reset_state()
-        if self._pm is not None and not self._pm.group.started:  # a worker died: anew
-            self._pm = None
-        if self._pm is None:
-            window = max(1, -(-self.buffer_size // 4))
-            name = getattr(self.fn, "__qualname__", repr(self.fn))
-            self._pm = ProcessMap(_Seeded(self.fn, self.seed), self.num_proc, window=window,
-                                  chunk=min(4, self.buffer_size), slot_bytes=0,
-                                  start_method=self.start_method, where=_datapoint,
-                                  what=f"MultiProcessMapData: {name} failed on datapoint {{index}}")
-        self._pm.start()
-
-    def __iter__(self) -> Iterator[Any]:
-        if self._pm is None:
-            raise RuntimeError("call reset_state() before iterating")
-        epoch, self._epoch = self._epoch, self._epoch + 1
-        yield from self._pm.map((epoch, i, dp) for i, dp in enumerate(self.df))
-
-    def close(self) -> None:
-        if self._pm is not None:
-            self._pm.close()
-            self._pm = None
-        super().close()

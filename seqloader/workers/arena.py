@@ -1,4 +1,4 @@
-"""The shared-memory arena through which :class:`~seqloader.dataflow.imap.ProcessMap`'s
+"""The shared-memory arena through which :class:`~seqloader.workers.processmap.ProcessMap`'s
 forked workers return large results (NOTE [ results through shared memory ])."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A bounded, order-preserving parallel map over threads (:func:`ordered_map`, for
+"""A bounded, order-preserving parallel map over threads (:func:`thread_map`, for
 work that releases the GIL: file reads, hashing)."""
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import collections
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["ordered_map"]
+__all__ = ["thread_map"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
+def thread_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int,
                 window: int | None = None) -> Iterator[R]:
     """Yield ``fn(item)`` for each item, in input order, computed by ``workers`` threads.
 

@@ -5,9 +5,9 @@ import os
 import signal
 import pytest
 
-from seqloader.dataflow.imap import process_map
-from seqloader.dataflow.arena import ARENAS
-from seqloader.dataflow.ordered import ordered_map
+from seqloader.workers.processmap import process_map
+from seqloader.workers.arena import ARENAS
+from seqloader.workers.threadmap import thread_map
 from seqloader.errors import RecordError, WorkerDiedError
 
 
@@ -78,9 +78,9 @@ def test_process_map_closed_early_stops_its_workers():
 
 
 def test_thread_map_keeps_order_and_raises_at_the_failing_item():
-    assert list(ordered_map(lambda i: i * i, range(100), workers=3)) == [i * i for i in range(100)]
+    assert list(thread_map(lambda i: i * i, range(100), workers=3)) == [i * i for i in range(100)]
     got = []
     with pytest.raises(ValueError, match="bad item 7"):
-        for r in ordered_map(_fail_on_7, range(20), workers=3):
+        for r in thread_map(_fail_on_7, range(20), workers=3):
             got.append(r)
     assert got == list(range(7))

@@ -1,5 +1,6 @@
-"""The reader stages: the plan-driven sequential reader and the local shuffle of
-encoded records (NOTE [ planned stages ]).
+"""The reader stage: :class:`LMDBData`, the plan-driven sequential reader of a database's
+encoded records (NOTE [ planned stages ]); its local shuffle is
+:class:`~seqloader.dataflow.shuffle.LocallyShuffleData`.
 
 NOTE [ one reader per rank ]
 Each rank has exactly one reader, which walks its slice of the file in order and
@@ -19,58 +20,20 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import msgpack
-import numpy as np
 
 from ..read.database import Database, open_database
 from ..read.plan import (DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, check_rank, plan_epoch,
-                         rank_bounds)
+                         rank_bounds, skip_ranges)
 from ..read.reader import RangeReader
 from .base import DataFlow, ProxyDataFlow, Records
 from .feedthread import Stopped
 from .passes import Pass
-from .shuffle import ShuffleBuffer, default_warmup, shuffled
 
-__all__ = ["LMDBData", "LocallyShuffleData", "shuffle_rng", "PositionMap", "skip_ranges"]
-
-
-def shuffle_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
-    """The local-shuffle generator of one (seed, epoch, rank)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, epoch, rank, 1]))
+__all__ = ["LMDBData", "unpacked_records"]
 
 
-class PositionMap:
-    """Stream position -> global record index, for a list of ranges."""
-
-    def __init__(self, ranges: Sequence[tuple[int, int]]):
-        self.starts = np.cumsum([0] + [b - a for a, b in ranges])
-        self.firsts = np.asarray([a for a, _ in ranges] or [0])
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def __call__(self, p: int) -> int:
-        i = int(np.searchsorted(self.starts, p, side="right")) - 1
-        return int(self.firsts[i] + p - self.starts[i])
-
-    def many(self, positions: np.ndarray) -> np.ndarray:
-        """:meth:`__call__` of every position at once (int64)."""
-        i = np.searchsorted(self.starts, positions, side="right") - 1
-        return (self.firsts[i] + positions - self.starts[i]).astype(np.int64)
-
-
-def skip_ranges(ranges: Sequence[tuple[int, int]], skip: int) -> list[tuple[int, int]]:
-    """``ranges`` without their first ``skip`` records."""
-    out = []
-    for a, b in ranges:
-        if skip >= b - a:
-            skip -= b - a
-            continue
-        out.append((a + skip, b))
-        skip = 0
-    return out
-
-
-def _unpacked(records: Records) -> Iterator[list]:
+def unpacked_records(records: Records) -> Iterator[list]:
+    """``[image, label]`` of each ``(index, value)`` record: the datapoints of a pass."""
     for _, value in records:
         rec = msgpack.unpackb(value, raw=False)
         yield [rec["image"], rec["label"]]
@@ -187,91 +150,4 @@ class LMDBData(DataFlow):
         return self._pass
 
     def __iter__(self) -> Iterator[list]:
-        return self.new_pass(lambda epoch: _unpacked(self.records(self.plan(epoch))))
-
-
-class LocallyShuffleData(ProxyDataFlow):
-    """Shuffle within a buffer of ``buffer_size`` datapoints (NOTE [ local shuffle ]).
-
-    Over an :class:`LMDBData` (NOTE [ planned stages ]) it shuffles the encoded records
-    as the Loader does -- seeded from the source's (seed, epoch, rank), ``warmup``
-    records before the first output (default: the Loader's,
-    :func:`~seqloader.dataflow.shuffle.default_warmup`) -- and holds positions, so a
-    resumed epoch skips its first outputs without reading them.  Over any other stage
-    it shuffles datapoints, seeded from (``seed``, its own epoch count).  Memory:
-    ``buffer_size`` records (page cache) or datapoints."""
-
-    def __init__(self, df: DataFlow, buffer_size: int, *, seed: int = 0, warmup: int | None = None):
-        super().__init__(df)
-        check_count("buffer_size", buffer_size, 1)
-        if warmup is not None:
-            check_count("warmup", warmup, 0)
-        self.buffer_size, self.seed, self.warmup = int(buffer_size), seed, warmup
-        # it shuffles records by position, reading the root's files directly
-        self.source = df if isinstance(df, LMDBData) else None
-        self.planned = "records" if self.source is not None else None
-        self.epoch = 0
-        #: the shuffle buffer of the pass in progress (or the last), or None
-        self.buffer: ShuffleBuffer | None = None
-
-    @property
-    def plan_spec(self) -> PlanSpec:
-        """The records' plan, as its source's (NOTE [ planned stages ])."""
-        return self.source.plan_spec
-
-    def _warmup(self, plan: EpochPlan) -> int:
-        """The warm-up for ``plan`` (default: one of its batches,
-        :func:`~seqloader.dataflow.shuffle.default_warmup`)."""
-        if self.warmup is not None:
-            return self.warmup
-        s = plan.spec
-        return default_warmup(self.buffer_size, s.batch_size, s.num_records, s.world_size)
-
-    def records(self, plan: EpochPlan, skip: int = 0, eager: int = 0, stop: Any = None) -> Records:
-        """The plan's records in output (shuffled) order, minus the first ``skip``
-        outputs, which are skipped on positions only (NOTE [ local shuffle ]; ``eager``
-        as there: the first batch's size).  Raises :class:`Stopped` once ``stop`` is set."""
-        src = self.source
-        if not src.shuffle:  # (file order: evaluation)
-            yield from src.records(plan, skip, eager, stop)
-            return
-        index_of = PositionMap(plan.ranges)
-        n = len(index_of)
-        buf: ShuffleBuffer[int] = ShuffleBuffer(self.buffer_size,
-                                                shuffle_rng(src.seed, plan.epoch, src.rank),
-                                                warmup=self._warmup(plan), eager=eager)
-        self.buffer = buf  # (its fill, for the Loader's stats)
-        emitted = pos = 0
-        while emitted < skip and pos < n:  # fast-forward on positions, no I/O
-            emitted += len(buf.push(pos))
-            pos += 1
-        drain = buf.drain()
-        while emitted < skip:
-            next(drain)
-            emitted += 1
-        # the records read but not yet emitted, as (index, value) by stream position;
-        # first the buffer at `skip` (no position -> index search per record)
-        held = {p: (index_of(p), src.get(index_of(p))) for p in buf.items}
-        stream = src.read(skip_ranges(plan.ranges, pos), stop)
-        for p in range(pos, n):
-            held[p] = next(stream)
-            for out in buf.push(p):
-                yield held.pop(out)
-        for out in buf.drain():
-            yield held.pop(out)
-
-    def plan(self, epoch: int) -> EpochPlan:
-        return plan_epoch(self.plan_spec, epoch)
-
-    def copy_into(self, value: memoryview, out: Any) -> None:
-        self.source.copy_into(value, out)
-
-    def release(self, values: Sequence[memoryview]) -> None:
-        self.source.release(values)
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.source is not None:
-            return self.source.new_pass(lambda epoch: _unpacked(self.records(self.plan(epoch))))
-        rng = shuffle_rng(self.seed, self.epoch, 0)
-        self.epoch += 1
-        return shuffled(self.df, self.buffer_size, rng, warmup=self.warmup)
+        return self.new_pass(lambda epoch: unpacked_records(self.records(self.plan(epoch))))

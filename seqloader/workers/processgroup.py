@@ -1,6 +1,6 @@
 """The worker processes under every process pool of seqloader: start, message, watch,
 shut down.  :class:`~seqloader.dataflow.pool.WorkerPool` (the Loader's batches and
-``MultiProcessMapAndBatchData``) and :func:`~seqloader.dataflow.imap.process_map` (the
+``MultiProcessMapAndBatchData``) and :func:`~seqloader.workers.processmap.process_map` (the
 DataFlow map stage, the writer's decode checks, ``verify``) both run on a
 :class:`ProcessGroup`, so they share one shutdown protocol and one error contract.
 
