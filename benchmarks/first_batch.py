@@ -2,7 +2,7 @@
 cache): the figure of issue 39 ("the first batch in half a second").
 
     python benchmarks/first_batch.py DB_DIR [--transform fused|cv2] [--workers 2]
-        [--batch-size 256] [--out FILE]
+        [--batch-size 256] [--epochs N] [--out FILE]
 
 Appends one JSON line to ``--out`` (or prints it): the seconds from ``iter(loader)`` to
 the first batch, measured outside the Loader, and what the Loader's ``stats()`` says
@@ -10,6 +10,9 @@ the first batch, measured outside the Loader, and what the Loader's ``stats()`` 
 recipe (RandomResizedCrop(224), flip, ToTensor, Normalize: the fused path); ``cv2``: a
 plain transform (``cv2.resize`` to 224 x 224, CHW float32).  A/B against another
 checkout with ``farm-bench``, ``PYTHONPATH`` pointing at each (benchmarks/RESULTS.md).
+With ``--epochs N`` it then runs the rest of N whole epochs and adds their images/s
+(from the first batch on): the throughput A/B, whose CPU per image is farm-bench's
+``cpu`` over the same images.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ def main() -> None:
     ap.add_argument("--transform", choices=("fused", "cv2"), default="fused")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=0, help="whole epochs to run (0: none)")
     ap.add_argument("--out", help="append the JSON line to this file (default: print it)")
     a = ap.parse_args()
     tf = (T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
@@ -52,6 +56,11 @@ def main() -> None:
     stats = getattr(loader, "stats", None)
     if stats is not None:
         row["stats_first_batch_s"] = stats().get("first_batch_s")
+    if a.epochs:
+        t, n = time.perf_counter(), sum(len(y) for _, y in it)
+        for _ in range(a.epochs - 1):
+            n += sum(len(y) for _, y in loader)
+        row["images_per_s"] = round(n / (time.perf_counter() - t), 1)
     loader.close()
     line = json.dumps(row)
     if a.out:
