@@ -113,3 +113,70 @@ def test_only_the_fused_recipe_with_class_labels_is_split():
     assert not splittable(BatchSpec(mode="gpu", batch_size=8, fused=object()), 2)
     assert not splittable(BatchSpec(mode="decode", batch_size=8, fused=object(),
                                     target_kind="any"), 2)
+
+
+@pytest.fixture(scope="module")
+def unverified_dir(synth_tree, tmp_path_factory):
+    """``synth_tree`` written without the decode check: its undecodable files are records."""
+    import warnings
+
+    from seqloader import WriteOptions, preprocess
+
+    out = tmp_path_factory.mktemp("unverified")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        preprocess(synth_tree.root, out, options=WriteOptions(progress=False, verify=False))
+    return out
+
+
+def test_an_undecodable_record_is_named_when_the_replay_meets_it(unverified_dir, splits,
+                                                                 monkeypatch):
+    from seqloader.dataflow import feedthread
+
+    rngs: list = []  # (each part's generator)
+    part_rngs = feedthread.part_rngs
+
+    def kept(*args):
+        rngs.extend(part_rngs(*args))
+        return rngs
+    monkeypatch.setattr(feedthread, "part_rngs", kept)
+
+    def first_error(workers):
+        with Loader(unverified_dir, "train", _fused(), batch_size=48, shuffle=True,
+                    num_workers=workers, world_size=1, rank=0) as loader:
+            with pytest.raises(RecordError) as ei:
+                for _ in loader:
+                    pass
+        return ei.value
+    e0, e3 = first_error(0), first_error(3)
+    assert splits == [3]
+    assert (e3.index, e3.path, e3.exc_type) == (e0.index, e0.path, e0.exc_type)
+    assert e3.worker is not None and len(rngs) == 3
+
+
+def test_each_part_gets_the_generator_its_first_record_finds(lmdb_dir):
+    import msgpack
+
+    from conftest import read_records
+    from seqloader.dataflow.decode import batch_rng
+    from seqloader.dataflow.firstbatch import part_rngs
+    from seqloader.format.pixels import image_source
+    from seqloader.transforms import compile_fused
+
+    fused = compile_fused(_fused())
+    spec = BatchSpec(mode="decode", batch_size=24, fused=fused, seed=5)
+    values = [msgpack.packb({"image": r.image, "label": r.label, "path": r.path})
+              for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")[:24]]
+    layout = [(0, 8, 0), (8, 16, 0), (16, 24, 0)]
+    rngs = part_rngs(spec, values, layout, 3, 7)
+    rng = batch_rng(5, 3, 0, 7)  # one worker's draws, record by record
+    for i, v in enumerate(values[:16]):
+        if i in (0, 8):
+            assert rngs[i // 8].bit_generator.state == rng.bit_generator.state
+        fused.prepare(image_source(msgpack.unpackb(v, raw=False)), rng)
+    assert rngs[2].bit_generator.state == rng.bit_generator.state
+    # a record whose draw fails: the parts after it get no generator (its worker reports it)
+    broken = values[:10] + [b"not a record"] + values[11:]
+    got = part_rngs(spec, broken, layout, 3, 7)
+    assert got[1] is not None and got[1].bit_generator.state == rngs[1].bit_generator.state
+    assert got[2] is None
