@@ -395,11 +395,12 @@ def test_too_small_budget_and_another_commands_scratch_are_refused(train_tar, tm
 
 
 def test_memory_budget_sizes_parse_and_bad_ones_are_usage_errors(capsys):
-    from seqloader.cli import _size, main
+    from seqloader.cli import main
+    from seqloader.tools.sizes import size_arg
 
-    assert (_size("4G"), _size("512M"), _size("1.5GiB"), _size("1000")) == (
+    assert (size_arg("4G"), size_arg("512M"), size_arg("1.5GiB"), size_arg("1000")) == (
         4 << 30, 512 << 20, 3 << 29, 1000)
-    for bad in ("0", "-1G", "lots", "nan"):
+    for bad in ("0", "-1G", "lots", "nan", "inf"):
         with pytest.raises(SystemExit):
             main(["preprocess", "x.tar", "out", "--memory-budget", bad])
         assert "size" in capsys.readouterr().err
