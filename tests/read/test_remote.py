@@ -488,3 +488,19 @@ def test_urls_never_show_credentials():
     e = OSError("GET https://user:pw@host/x?X-Amz-Signature=abc failed")
     text = describe(e, "https://user:pw@host/x?X-Amz-Signature=abc")
     assert "pw" not in text and "abc" not in text
+
+
+def test_s3_loader_stats_give_the_block_caches_hit_rate(moto, s3_url, tmp_path):
+    """``Loader.stats()["cache_hit_rate"]``: the share of blocks served by the local cache
+    since the reader opened -- none in the first epoch, all in the second."""
+    from seqloader import Loader
+
+    opts = _opts(moto, cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 30, block=64 << 10)
+    with Loader(s3_url, "train", None, batch_size=8, num_workers=0, world_size=1, rank=0,
+                remote=opts) as loader:
+        list(loader)
+        first = loader.stats()
+        list(loader)
+        second = loader.stats()
+    assert first["cache_hit_rate"] == 0.0 and first["read_mb_per_s"] >= 0
+    assert 0.4 <= second["cache_hit_rate"] <= 0.6  # (half of all the blocks read)
