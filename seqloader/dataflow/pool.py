@@ -16,7 +16,9 @@ NOTE [ worker lifecycle ]
   handed out: the workers start on the next epoch while the last batches are
   consumed, instead of idling at every epoch boundary while the shuffle buffer
   refills; a next epoch that is not the one expected cancels that work);
-  the worker decodes into the same buffer and answers ``done``; the parent takes
+  the worker decodes into the same buffer and answers ``done`` with its wall and CPU
+  time (NOTE [ pipeline counters ]); the first batch a new feed thread sends goes to
+  every worker in parts (NOTE [ first batch split ]); the parent takes
   the answers in plan order and hands the buffer to the caller, who either copies
   it out or *leases* it (:meth:`WorkerPool.lease`: the batch tensor is a view of
   the buffer, which returns to the pool when the tensor is garbage-collected).
