@@ -131,7 +131,9 @@ class FaultProxy:
     ``"cut"`` (forward half the reply, then RST), ``"slow:<s>"`` (wait, then forward),
     or ``"<status>"`` (e.g. ``"503"``, ``"403"``: an S3-style error reply), ``"hang"``
     (accept, read the request, never answer), ``"flip:<offset>"`` (forward, with the byte
-    at file offset ``offset`` of a ranged reply inverted).  ``etags``: ``"keep"``,
+    at file offset ``offset`` of a ranged reply inverted), ``"drip"`` (forward the reply,
+    headers included, at 1 KB/s: 100 bytes every 0.1 s), ``"length:<+-n>"`` (forward, the
+    Content-Length header changed by ``n``), ``"redirect:<url>"`` (a 302 to ``url``).  ``etags``: ``"keep"``,
     ``"strip"`` (replies carry no ETag) or ``"weak"`` (ETags made weak, ``W/"..."``, and
     an ``If-Match`` with a weak tag answered 412, as RFC 9110 says).
     :meth:`down` refuses connections until :meth:`up` (a server restart)."""
@@ -156,6 +158,10 @@ class FaultProxy:
         self.thread.start()
 
     def down(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # (wakes the accept: close alone does not)
+        except OSError:
+            pass
         self.sock.close()
         self.thread.join(5)
 
@@ -212,6 +218,10 @@ class FaultProxy:
                              f"Content-Length: {len(msg)}\r\nConnection: close\r\n\r\n".encode()
                              + (b"" if line.startswith("HEAD ") else msg))  # (HEAD: no body)
                 return
+            if action and action.startswith("redirect:"):
+                conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {action[9:]}\r\n"
+                             "Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
+                return
             if action and action.startswith("slow:"):
                 time.sleep(float(action[5:]))
             head = re.sub(rb"(?im)^connection:[^\r\n]*\r\n?", b"", head + b"\r\n")
@@ -226,6 +236,12 @@ class FaultProxy:
                 conn.sendall(reply[:len(reply) // 2])
                 _reset(conn)
                 return
+            if action == "drip":
+                for k in range(0, len(reply), 100):
+                    if self.released.wait(0.1):
+                        return
+                    conn.sendall(reply[k:k + 100])
+                return
             conn.sendall(reply)
         except OSError:
             pass
@@ -239,6 +255,10 @@ class FaultProxy:
             top = re.sub(rb"(?im)\r\netag:[^\r\n]*", b"", top)
         elif self.etags == "weak":
             top = re.sub(rb'(?im)(\r\netag:\s*)"', rb'\1W/"', top)
+        if action and action.startswith("length:"):
+            top = re.sub(rb"(?im)(\r\ncontent-length:\s*)(\d+)",
+                         lambda m: m.group(1) + str(int(m.group(2)) + int(action[7:])).encode(),
+                         top)
         if action and action.startswith("flip:"):
             m = re.search(rb"(?im)^range:\s*bytes=(\d+)-", request)
             at = int(action[5:]) - (int(m.group(1)) if m else 0)

@@ -190,6 +190,12 @@ class DirectStream:
         return OSError(e.errno, f"{part.path}: reading {n} bytes at offset {off} failed: "
                        f"{e.strerror or e}; check the disk, or run `seqloader verify` on the file")
 
+    def _stalled(self, part: Part, off: int, n: int, timeout: float) -> BaseException:
+        """The exception to raise when a block read has not finished in ``timeout`` s."""
+        return OSError(errno.ETIMEDOUT, f"{part.path}: a read of {n} bytes at offset {off} has "
+                       f"not finished in {timeout:.0f} s; the disk or file system is not "
+                       "responding")
+
     def _start(self) -> None:
         if self._pool is None:
             ring = self._mem = _ring(self.nbuf * self.block)
@@ -273,9 +279,7 @@ class _Pass:
         except _FutureTimeout as e:
             if fut.done():  # (the read's own TimeoutError: the same class since 3.11)
                 raise self.stream._failure(e, part, r[2], r[3]) from e
-            raise OSError(errno.ETIMEDOUT, f"{part.path}: a read of {r[3]} bytes at offset "
-                          f"{r[2]} has not finished in {timeout:.0f} s; the disk or "
-                          "file system is not responding") from None
+            raise self.stream._stalled(part, r[2], r[3], timeout) from None
         except OSError as e:
             raise self.stream._failure(e, part, r[2], r[3]) from e
         if got < r[3]:

@@ -143,11 +143,16 @@ class RangeReader:
         if remote is not None and remote.options.verify:  # NOTE [ records checked on arrival ]
             from .remotecheck import checked_records
 
-            pairs = checked_records(pairs, self.db.paths, offs, self.db.metas)
+            pairs = checked_records(pairs, self.db.paths, offs, self.db.metas, self._reread)
         try:
             yield from pairs
         finally:
             stream.close()
+
+    def _reread(self, s: int, local: int) -> bytes:
+        """Record ``local`` of remote shard ``s`` read again from the origin (past the cache)."""
+        sh = self._shards[s]
+        return self._source.reread(sh.path, int(sh.offsets[local]), int(sh.lengths[local]))
 
     def extents(self, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """File offset and length (:data:`~seqloader.format.meta.EXTENT_DTYPE`) of every record

@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import RemoteChangedError, RemoteError
+from ..errors import RemoteChangedError, RemoteError, RemoteTimeoutError
 from .direct import DirectStream
 from .httprange import RangeIgnoredError, direct_url, get_into, interrupt
 from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options, retrying,
@@ -169,10 +169,15 @@ def _without_own_retries(fs: Any, options: RemoteOptions) -> Any:
     minutes of inner retries).  Other filesystems as they are."""
     if not hasattr(fs, "_call_s3") or "config_kwargs" in options.storage_options:
         return fs
-    key = (os.getpid(), type(fs), repr(sorted(options.storage_options.items())))
+    key = (os.getpid(), type(fs), repr(sorted(options.storage_options.items())),
+           options.connect_timeout, options.timeout)
     if key not in _OWN:
+        # (botocore's own socket timeouts, 60 s by default, at most the budget's: a silent
+        # server then fails an attempt, uploads included, within `timeout`)
         own = type(fs)(**options.storage_options, skip_instance_cache=True,
-                       config_kwargs={"retries": {"mode": "standard", "max_attempts": 1}})
+                       config_kwargs={"retries": {"mode": "standard", "max_attempts": 1},
+                                      "connect_timeout": options.connect_timeout,
+                                      "read_timeout": options.timeout})
         own.retries = 1
         _OWN[key] = own
     return _OWN[key]
@@ -242,7 +247,8 @@ class RemoteFile:
         if plain is not None:  # NOTE [ plain ranged GETs ]
             out = buf if buf is not None else memoryview(bytearray(end - start))
             get_into(plain, start, out, strong_etag(self.etag), timeout, self.size,
-                     connect_timeout=min(opts.connect_timeout, timeout), abort=abort)
+                     connect_timeout=min(opts.connect_timeout, timeout), abort=abort,
+                     expect_etag=self.etag if _if_match_capable(self) else None)
             return None if buf is not None else bytes(out)
         data = self._get(start, end, timeout)
         if len(data) == self.size and end - start != self.size:
@@ -361,6 +367,7 @@ class RemoteStream(DirectStream):
     def read(self, parts: Any) -> Iterator[memoryview]:
         self.abort = threading.Event()  # (a pass after a failed one starts afresh)
         self.first_error: RemoteError | None = None
+        self.checked = set()  # (files without a strong If-Match: checked once per pass)
         return super().read(parts)
 
     def _stop(self) -> None:
@@ -371,7 +378,7 @@ class RemoteStream(DirectStream):
     def _file(self, part: Part) -> RemoteFile:
         f = self.files[part.path]
         if part.path not in self.checked and not _if_match_capable(f):
-            f.check_unchanged()  # (stores without a strong If-Match: once per stream)
+            f.check_unchanged()  # (stores without a strong If-Match: once per pass)
             self.checked.add(part.path)
         return f
 
@@ -399,9 +406,28 @@ class RemoteStream(DirectStream):
                 self.first_error = self.first_error or e
                 self._stop()
             raise
-        if self.cache is not None:
+        if self.cache is not None and self._agrees(part, off, buf[:n]):
             self.cache.put(f, off, buf[:n])
         return n
+
+    def _agrees(self, part: Part, off: int, block: memoryview) -> bool:
+        """Whether the part's records wholly inside the block agree with the digest
+        table: a block damaged in transit is not cached (NOTE [ block cache ])."""
+        from .remotecheck import block_agrees
+
+        sh, first = part.shard, part.first
+        if sh is None or part.offsets is None:
+            return True
+        return block_agrees(block, off, part.offsets, part.lengths, first, sh.digests,
+                            sh.algorithm)
+
+    def reread(self, url: str, off: int, n: int) -> bytes:
+        """Bytes ``[off, off + n)`` of the file at ``url`` from the origin, the cached
+        blocks that hold them dropped (a record that failed its check)."""
+        f = self.files[url]
+        if self.cache is not None:
+            self.cache.forget(f, off, n)
+        return f.fetch(off, off + n, self.abort)
 
     def _read_alone(self, part: Part, off: int, n: int) -> bytes:
         return self._file(part).fetch(off, off + n)
@@ -409,6 +435,12 @@ class RemoteStream(DirectStream):
     def _failure(self, e: OSError, part: Part, off: int, n: int) -> BaseException:
         self._stop()
         return error_for(e, f"{safe_url(part.path)} bytes {off}-{off + n - 1}", part.path)
+
+    def _stalled(self, part: Part, off: int, n: int, timeout: float) -> BaseException:
+        self._stop()
+        return RemoteTimeoutError(
+            f"{safe_url(part.path)} bytes {off}-{off + n - 1}: no answer in {timeout:.0f} s; "
+            "the server accepts connections but does not answer in time")
 
     def close(self) -> None:
         self._stop()

@@ -19,14 +19,18 @@ checked against what the format says of it before anything uses it:
   of its records: only ``seqloader verify URL``, which reads every record in order,
   checks it; re-create the file to get the table).
 
-A failure raises :class:`~seqloader.errors.RemoteDataError` naming the URL, the record
-and what differs.  Cost: one SHA-256 per record (~0.5 ms of CPU per MB, 1.8-2 GB/s
+A record that fails is read once more from the origin (``reread``: past the block
+cache, whose blocks holding it are dropped), so damage in transit, or a block cached
+before it was checked, costs one GET, not the run; only a record that fails twice raises
+:class:`~seqloader.errors.RemoteDataError` naming the URL, the record and what differs.
+The block cache stores a block only once the records wholly inside it agree with the
+table (:func:`block_agrees`), so a block damaged in transit is not kept for later runs.  Cost: one SHA-256 per record (~0.5 ms of CPU per MB, 1.8-2 GB/s
 with the CPU's SHA extensions; older files: one ``msgpack`` unpack), measured in
 benchmarks/RESULTS.md ("Record digests").
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
@@ -36,37 +40,69 @@ from ..format.checksum import record_digest
 from ..format.meta import DIGEST_BYTES, meta_digests
 from .remotefaults import safe_url
 
-__all__ = ["checked_records"]
+__all__ = ["block_agrees", "checked_records"]
+
+
+def block_agrees(block: memoryview, start: int, offsets: np.ndarray, lengths: np.ndarray,
+                 first: int, digests: bytes | None, algorithm: str) -> bool:
+    """Whether the records wholly inside ``block`` (file bytes ``[start, start +
+    len(block))``) agree with the digest table; ``offsets``/``lengths`` are those of
+    records ``first``, ``first + 1``... of the file (a part of a pass), in file order
+    (others may go unchecked here).  True without a table (nothing to check against)."""
+    if not digests:
+        return True
+    end = start + len(block)
+    # (records lie in file order as this writer makes them: a window found by bisection;
+    # a record outside it is left to the check on arrival)
+    lo, hi = np.searchsorted(offsets, [start, end]).tolist()
+    window = np.arange(lo, hi)
+    inside = window[(offsets[lo:hi] >= start) & (offsets[lo:hi] + lengths[lo:hi] <= end)]
+    for k in inside.tolist():
+        local, off = first + k, int(offsets[k]) - start
+        got = record_digest(block[off:off + int(lengths[k])], algorithm)[:DIGEST_BYTES]
+        if got != digests[local * DIGEST_BYTES:(local + 1) * DIGEST_BYTES]:
+            return False
+    return True
 
 
 def checked_records(pairs: Iterator[tuple[int, memoryview]], urls: Sequence[str],
-                    offsets: Sequence[int], metas: Sequence) -> Iterator[tuple[int, memoryview]]:
+                    offsets: Sequence[int], metas: Sequence,
+                    reread: Callable[[int, int], bytes] | None = None
+                    ) -> Iterator[tuple[int, memoryview]]:
     """``pairs`` (global index, value) passed through NOTE [ records checked on arrival ];
-    ``urls``, ``offsets`` and ``metas`` describe the database's shards."""
+    ``urls``, ``offsets`` and ``metas`` describe the database's shards; ``reread(shard,
+    local)`` reads a record again from the origin (None: a failure is raised at once)."""
     labels = [np.frombuffer(m.labels, "<i4") if m.labels and m.target_kind == "class" else None
               for m in metas]
     digests = [meta_digests(m, where=safe_url(u)) for m, u in zip(metas, urls)]
     jpeg = [m.image_format == "jpeg" for m in metas]
+
+    def problem_of(shard: int, local: int, v: memoryview) -> str | None:
+        table = digests[shard]
+        if table is not None:
+            want = table[local * DIGEST_BYTES:(local + 1) * DIGEST_BYTES]
+            got = record_digest(v, metas[shard].checksum_algorithm)[:DIGEST_BYTES]
+            return None if got == want else (f"its digest {got.hex()} differs from the "
+                                             f"metadata's {want.hex()}")
+        return _problem(v, None if labels[shard] is None else int(labels[shard][local]),
+                        jpeg[shard])
+
     shard, lo, hi = 0, offsets[0], offsets[1]
     for i, v in pairs:
         if not lo <= i < hi:
             shard = int(np.searchsorted(offsets, i, side="right")) - 1
             lo, hi = offsets[shard], offsets[shard + 1]
         local = i - lo
-        table = digests[shard]
-        if table is not None:
-            want = table[local * DIGEST_BYTES:(local + 1) * DIGEST_BYTES]
-            got = record_digest(v, metas[shard].checksum_algorithm)[:DIGEST_BYTES]
-            problem = None if got == want else (f"its digest {got.hex()} differs from the "
-                                                f"metadata's {want.hex()}")
-        else:
-            problem = _problem(v, None if labels[shard] is None else int(labels[shard][local]),
-                               jpeg[shard])
+        problem = problem_of(shard, local, v)
+        if problem and reread is not None:  # once more from the origin, past the cache
+            v = memoryview(reread(shard, local))
+            problem = problem_of(shard, local, v)
+            problem = problem and f"{problem} (read twice from the server)"
         if problem:
             raise RemoteDataError(
                 f"{safe_url(urls[shard])} record {local} (global {i}): {problem}; the bytes "
                 "read over the network are not the record the metadata describes (damaged "
-                "in transit or by a proxy, or the file was replaced): read it again, or run "
+                "at the server, in transit or by a proxy, or the file was replaced): run "
                 "`seqloader verify` on the URL")
         yield i, v
 

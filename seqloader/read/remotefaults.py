@@ -13,12 +13,16 @@ Every remote request -- data GETs, HEADs, listings, ``exists`` -- runs under one
   proxy restart of ~30-45 s, and a dead or silent server is reported in at most
   ``deadline`` (+ one ``connect_timeout``) seconds;
 * permanent faults are raised at once: 401/403 and missing or partial credentials
-  (:class:`RemoteAccessError`), 404 (:class:`RemoteNotFoundError`), 412 or a changed
-  size (:class:`RemoteChangedError`); a ``FileNotFoundError`` that only wraps another
+  (:class:`RemoteAccessError`), 404 (:class:`RemoteNotFoundError`), 412, 416 (a range
+  inside the size seen at opening) or a changed size (:class:`RemoteChangedError`); a
+  ``FileNotFoundError`` that only wraps another
   failure (fsspec's HTTP ``info`` turns a refused connection into one) is classified
   by that failure, so a dead server is never "not found";
   an exhausted budget raises :class:`RemoteTimeoutError` when the last attempt timed out,
   else :class:`RemoteUnreachableError`;
+* a refused connection is said once per server and process, at its first retry (a
+  ``RuntimeWarning``: "URL: connection refused; retrying until HH:MM:SS"), so a
+  restart that is being waited for is not a minute of silence;
 * an ``abort`` event (set by the stream when one block has failed, or closed) stops
   every other block's retries at once: the first error is raised, nothing keeps
   retrying behind it, and the process exits promptly.
@@ -28,10 +32,12 @@ Every message passes through :func:`redact`: URLs lose their user info and query
 """
 from __future__ import annotations
 
+import os
 import random
 import re
 import threading
 import time
+import warnings
 from typing import Any, Callable, TypeVar
 
 from ..errors import (RemoteAccessError, RemoteChangedError, RemoteError, RemoteNotFoundError,
@@ -147,8 +153,8 @@ def classify(e: BaseException) -> str:
     if isinstance(e, TimeoutError) or "Timeout" in type(e).__name__:
         return "transient"  # (whatever status an earlier exception in its context had)
     status = status_of(e)
-    if status == 412 or isinstance(e, RemoteChangedError):
-        return "changed"
+    if status in (412, 416) or isinstance(e, RemoteChangedError):
+        return "changed"  # (416: a range within the size seen at opening is past the end now)
     if status in (401, 403) or isinstance(e, PermissionError):
         return "access"
     if status == 404 or isinstance(e, FileNotFoundError):
@@ -242,6 +248,21 @@ def error_for(e: BaseException, where: str, url: str = "", *, attempts: int = 1,
     return err
 
 
+_WARNED: set[tuple[int, str]] = set()  # (pid, server) told of a refused connection
+
+
+def _say_retrying(e: BaseException, url: str, end: float) -> None:
+    """Warn once per server and process that a refused connection is being retried."""
+    host = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", safe_url(url)).split("/", 1)[0]
+    key = (os.getpid(), host)
+    if not _refused(e) or key in _WARNED:
+        return
+    _WARNED.add(key)
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + end - time.monotonic()))
+    warnings.warn(f"{safe_url(url)}: connection refused; retrying until {until} (the "
+                  f"remote deadline; {_BUDGET})", RuntimeWarning, stacklevel=3)
+
+
 def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
              abort: threading.Event | None = None) -> T:
     """``call(attempt_timeout)`` under NOTE [ remote time budget ]: retried on transient
@@ -277,6 +298,7 @@ def retrying(call: Callable[[float], T], where: str, url: str, options: Any, *,
             raise error_for(last, where, url, attempts=attempt,
                             elapsed=time.monotonic() - start) from None
         delay = min(delay, left - 0.05)
+        _say_retrying(last, url, end)
         if abort is not None:
             if abort.wait(delay):
                 raise Aborted(where)

@@ -28,7 +28,8 @@ import dataclasses
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import FormatError, NotFoundError, RemoteError, RemoteNotFoundError
+from ..errors import (FormatError, NotFoundError, RemoteAccessError, RemoteError,
+                      RemoteNotFoundError)
 from ..format.files import db_name
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
@@ -118,7 +119,8 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     listed = _listing(folder, options, failed)
     names = sorted(listed or ())
     shards = [x for x in names if (m := _SHARD.match(x)) and m["stem"] == db_name(split)]
-    if single in names or (not shards and _exists(f"{folder}/{single}", options)):
+    if single in names or (not shards and _exists_in(folder, single, split, listed, failed,
+                                                     options)):
         return _located([f"{folder}/{single}"], listed)
     if not shards:
         raise RemoteNotFoundError(
@@ -130,6 +132,25 @@ def locate_remote(url: str, split: str | None, options: RemoteOptions
     n = int(m["n"])
     urls = [f"{folder}/{m['stem']}-{i:05d}-of-{n:05d}.lmdb" for i in range(n)]
     return _located(urls, listed)
+
+
+def _exists_in(folder: str, single: str, split: str, listed: dict | None, failed: list[str],
+               options: RemoteOptions) -> bool:
+    """:func:`_exists` of the single-file database ``single`` in ``folder``; when the
+    folder's listing was refused too, the access error names the folder and the split,
+    not a file name that was only a guess."""
+    try:
+        return _exists(f"{folder}/{single}", options)
+    except RemoteAccessError as e:
+        if listed is not None or e.reason == "no credentials":
+            raise
+        err = RemoteAccessError(
+            f"split {split!r} at {safe_url(folder)}: the folder's listing and the look-up "
+            f"of a single-file database were both refused ({failed[0] if failed else e}); "
+            "check the credentials (storage_options, AWS_* variables, ~/.aws) and the "
+            "permissions on the bucket or path")
+        err.reason = e.reason
+        raise err from None
 
 
 def _why_unlisted(failed: list[str]) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 from .database import check_identity, close_env, open_env
 from .pages import PAGE as _PAGE, address as _address, map_base as _map_base, unmap
 from ..format.keys import encode_key
-from ..format.meta import EXTENT_DTYPE, Meta, meta_extents
+from ..format.meta import EXTENT_DTYPE, Meta, meta_digests, meta_extents
 from ..errors import FormatError
 
 if TYPE_CHECKING:
@@ -201,6 +201,9 @@ class RemoteShard:
             self.extents = np.zeros(0, EXTENT_DTYPE)
         self.offsets = self.extents["offset"].astype(np.int64)
         self.lengths = self.extents["length"].astype(np.int64)
+        # what a block is checked against before it is cached (NOTE [ block cache ])
+        self.digests = meta_digests(meta, where=safe_url(file.url))
+        self.algorithm = meta.checksum_algorithm
 
     def spans(self, a: int, b: int) -> tuple[list[tuple[int, int]], np.ndarray]:
         return _extent_spans(self.offsets, self.lengths, a, b, self.size)

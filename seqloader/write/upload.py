@@ -24,6 +24,13 @@ is skipped without writing; the metadata is read with a few ranged GETs (NOTE
 LMDB layout.  After each upload, the object's size and its metadata checksum are read
 back and compared with the local file's.  A shard interrupted while being written
 resumes from the staging folder, as a local write does.
+
+Time budget: every request runs under NOTE [ remote time budget ] (the process's
+default budget: ``--remote-timeout`` / ``--remote-deadline``), so a silent or dripping
+server is a :class:`~seqloader.errors.RemoteTimeoutError` within the deadline, not a
+wait of minutes.  An upload's attempt may take ``timeout`` plus its size at
+:data:`MIN_RATE` (a whole object is one attempt), and is retried until ``deadline``
+seconds after that.
 """
 from __future__ import annotations
 
@@ -37,12 +44,13 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import FormatError, OutputExistsError, RemoteAccessError, RemoteNotFoundError
+from ..errors import FormatError, OutputExistsError, RemoteNotFoundError
 from ..format.files import bad_files_path, db_name, shard_path
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
 from ..read.lmdbpages import lookup_first_leaf
-from ..read.remote import safe_url
+from ..read.remote import safe_url, stat_remote
+from ..read.remotefaults import call_with_timeout, retrying
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
 from .outfiles import write_report
@@ -55,6 +63,8 @@ __all__ = ["Uploader", "ATOMIC_PROTOCOLS", "default_staging"]
 ATOMIC_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
 #: Upload part size (s3fs's multipart chunk); files of 2 parts or more go multipart.
 PART_BYTES = 64 << 20
+#: The slowest upload rate waited for, in bytes per second (an attempt's time limit).
+MIN_RATE = 1 << 20
 _SHARD_NAME = re.compile(r"^(?P<stem>.+?)(?:-\d{5}-of-\d{5})?\.lmdb$")
 
 
@@ -75,13 +85,17 @@ class Uploader:
     def __init__(self, url: str, *, staging: str | Path | None = None,
                  storage_options: dict | None = None, part_bytes: int | None = None):
         try:
-            import fsspec
+            import fsspec  # noqa: F401 - (here for the message when it is missing)
         except ImportError:
             raise ImportError(f"writing to {safe_url(url)} needs fsspec (and the package of its "
                               "protocol, e.g. s3fs): in a clone of seqloader, "
                               "pip install -c constraints.txt -e '.[remote]'") from None
+        from ..read.remote import default_options, filesystem
+
         self.url = url.rstrip("/")
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.options = dataclasses.replace(default_options(),
+                                           storage_options=dict(storage_options or {}))
+        self.fs, self.path = filesystem(self.url, self.options)
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self.atomic = bool(set(protocols) & ATOMIC_PROTOCOLS)
         self.staging = Path(staging) if staging is not None else default_staging(self.url)
@@ -95,9 +109,6 @@ class Uploader:
         is written: a bucket that does not exist, wrong credentials or no permission
         raise the :class:`~seqloader.errors.RemoteError` naming it now, not after the
         writing (NOTE [ remote time budget ] bounds the wait)."""
-        from ..read.remote import default_options
-        from ..read.remotefaults import call_with_timeout, retrying
-
         probe = f"{self.path}/.seqloader-write-check-{os.getpid()}"
 
         def attempt(timeout: float) -> None:
@@ -106,7 +117,23 @@ class Uploader:
                 call_with_timeout(self.fs, "rm_file", probe, timeout)
             except FileNotFoundError:
                 pass
-        retrying(attempt, f"cannot write to {safe_url(self.url)}", self.url, default_options())
+        retrying(attempt, f"cannot write to {safe_url(self.url)}", self.url, self.options)
+
+    _RAISE = object()
+
+    def _call(self, name: str, path: str, where: str, *args, options=None, missing=_RAISE,
+              **kwargs):
+        """``fs.<name>(path, ...)`` under NOTE [ remote time budget ] (``options``: another
+        budget than the Uploader's); ``missing`` is returned for a ``FileNotFoundError``
+        (else raised as :class:`~seqloader.errors.RemoteNotFoundError`)."""
+        def attempt(timeout: float):
+            try:
+                return call_with_timeout(self.fs, name, path, timeout, *args, **kwargs)
+            except FileNotFoundError:
+                if missing is Uploader._RAISE:
+                    raise
+                return missing
+        return retrying(attempt, where, self.url, options or self.options)
 
     def where(self, name: str) -> str:
         """The URL of object ``name`` under the destination, for messages."""
@@ -176,10 +203,9 @@ class Uploader:
 
     def _ls(self) -> list[str]:
         self.fs.invalidate_cache(self.path)
-        try:
-            return [p.rstrip("/").rpartition("/")[2] for p in self.fs.ls(self.path, detail=False)]
-        except FileNotFoundError:
-            return []
+        names = self._call("ls", self.path, f"listing {safe_url(self.url)}", detail=False,
+                           missing=[])
+        return [p.rstrip("/").rpartition("/")[2] for p in names]
 
     def _check_layout(self, name: str, split: str, opt: WriteOptions) -> None:
         """The split in another layout (one object vs shards, another shard count) would
@@ -198,24 +224,25 @@ class Uploader:
             self._rm(bad_files_path(n).name)
 
     def _rm(self, name: str) -> None:
+        self._call("rm_file", f"{self.path}/{name}", f"removing {self.where(name)}", missing=None)
+
+    def _exists(self, name: str) -> bool:
         try:
-            self.fs.rm_file(f"{self.path}/{name}")
-        except FileNotFoundError:
-            pass
+            stat_remote(f"{self.url}/{name}", self.options)
+            return True
+        except RemoteNotFoundError:
+            return False
 
     def remote_meta(self, name: str) -> tuple[int, Meta | None] | None:
         """``(size, metadata)`` of object ``name`` (metadata None when it is not a
         seqloader file, e.g. truncated), or None when there is no such object."""
-        path = f"{self.path}/{name}"
-        self.fs.invalidate_cache(path)
         try:
-            size = int(self.fs.info(path)["size"])
-        except FileNotFoundError:
+            f = stat_remote(f"{self.url}/{name}", self.options)
+        except RemoteNotFoundError:
             return None
-        where = self.where(name)
+        size, where = f.size, self.where(name)
         try:
-            value = lookup_first_leaf(lambda o, n: self.fs.cat_file(path, start=o, end=o + n),
-                                      size, META_KEY, where=where)
+            value = lookup_first_leaf(lambda o, n: f.fetch(o, o + n), size, META_KEY, where=where)
             return size, (unpack_meta(value, where=where, require_complete=False)
                           if value is not None else None)
         except FormatError:
@@ -240,7 +267,7 @@ class Uploader:
                                     f"{self.where(bad_files_path(shard).name)}; pass --overwrite "
                                     "to write it again with --strict")
         report = bad_files_path(shard).name
-        if (meta.bad_files or meta.warned_files) and not self.fs.exists(f"{self.path}/{report}"):
+        if (meta.bad_files or meta.warned_files) and not self._exists(report):
             local = self.staging / shard  # (its report was deleted: put it back from the metadata)
             self.staging.mkdir(parents=True, exist_ok=True)
             write_report(local, meta.bad_files, meta.warned_files)
@@ -254,18 +281,21 @@ class Uploader:
     def _put(self, local: Path, name: str) -> None:
         """Upload ``local`` as object ``name``; it appears only when complete."""
         target = f"{self.path}/{name}"
+        # (one attempt is the whole object: its time limit grows with its size)
+        limit = self.options.timeout + local.stat().st_size / MIN_RATE
+        budget = dataclasses.replace(self.options, timeout=limit,
+                                     deadline=self.options.deadline + limit)
+        where = f"cannot upload to {self.where(name)}"
         try:
             if self.atomic:
-                self.fs.put_file(str(local), target, **self._upload_kw)
+                self._call("put_file", str(local), where, target, options=budget,
+                           **self._upload_kw)
             else:
-                self.fs.put_file(str(local), target + ".partial", **self._upload_kw)
-                self.fs.mv(target + ".partial", target)
-        except FileNotFoundError as e:
-            raise RemoteNotFoundError(f"cannot upload to {self.where(name)}: {type(e).__name__} "
-                                      "(does the bucket exist? create it first)") from None
-        except PermissionError as e:
-            raise RemoteAccessError(f"cannot upload to {self.where(name)}: {type(e).__name__}; "
-                                    "check the credentials and permissions") from None
+                self._call("put_file", str(local), where, target + ".partial", options=budget,
+                           **self._upload_kw)
+                self._call("mv", target + ".partial", where, target)
+        except RemoteNotFoundError as e:
+            raise RemoteNotFoundError(f"{e} (does the bucket exist? create it first)") from None
 
     def _upload(self, result: ShardResult, progress: bool) -> None:
         """Upload a complete local shard (its report first), check it reads back as

@@ -187,7 +187,9 @@ def conditions_of(args: argparse.Namespace, src: Inputs, loaders: list[str], mod
     if src.db is not None:
         db = src.db
         size = db.file_bytes
-        db_info = {"path": str(src.db_path), "files": [str(q) for q in db.paths],
+        from ...read.remotefaults import redact  # (a URL's user info: never shown)
+
+        db_info = {"path": redact(str(src.db_path)), "files": [redact(str(q)) for q in db.paths],
                    "num_records": db.num_records, "num_classes": len(db.classes),
                    "size_mb": round(size / MB, 3), "image_mb": round(db.image_bytes / MB, 3),
                    "fits_in_ram": bool(mem.get("MemTotal")) and size < mem.get("MemTotal", 0),

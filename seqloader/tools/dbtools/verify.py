@@ -225,6 +225,12 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
     return res
 
 
+# (bytes read over a network may have been damaged on the way, not at the server)
+_IN_TRANSIT = ("; over a network the bytes may also have been damaged in transit or by a "
+               "proxy: run `seqloader verify` on the URL again, and only if the same records "
+               "fail again, re-upload the file")
+
+
 def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
     """:func:`verify_database` of a database at URLs: every record the metadata's extents
     point at (what readers read) is fetched with ranged GETs, checked, and chained into
@@ -258,14 +264,14 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
                 checksum = chain_checksum(checksum, key, digest, meta.checksum_algorithm)
                 bar.update(1)
             if redigested:
-                res.problems.append(_redigested(safe_url(url), redigested))
+                res.problems.append(_redigested(safe_url(url), redigested) + _IN_TRANSIT)
             if relabelled:
                 res.problems.append(f"{safe_url(url)}: the metadata's labels of {relabelled} "
                                     "records differ from the records' own; re-create the file")
             if checksum != meta.checksum:
                 res.problems.append(f"{safe_url(url)}: checksum {checksum[:16]}… does not match "
-                                    f"the metadata's {meta.checksum[:16]}…; the file is damaged: "
-                                    "upload it again")
+                                    f"the metadata's {meta.checksum[:16]}… over the bytes read"
+                                    + _IN_TRANSIT)
     finally:
         reader.close()
         bar.close()
