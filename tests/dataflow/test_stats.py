@@ -112,13 +112,13 @@ def test_the_stats_agree_with_an_outside_measurement(big_db):
             t = time.perf_counter()
             try:
                 _, y = next(it)
-            except StopIteration:
+            except StopIteration:  # (the epoch ends here; then the workers are stopped)
+                wall = t - t0
                 break
             waits.append(time.perf_counter() - t)
             cpu = sum(_cpu_seconds(p) for p in pids) - cpu0  # (they stop with the epoch)
             images += len(y)
             time.sleep(0.02)  # (a consumer that takes some time)
-        wall = time.perf_counter() - t0
         s = loader.stats()
     assert s["images"] == images and s["batches"] == len(waits)
     assert s["seconds"] == pytest.approx(wall, rel=0.10)
