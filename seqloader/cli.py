@@ -58,6 +58,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "output is removed, splits completed before it stay)")
     p.add_argument("--max-size", type=int, metavar="PX",
                    help="re-encode images whose shorter side exceeds PX down to PX")
+    p.add_argument("--max-pixels", type=int, default=d.max_pixels, metavar="N",
+                   help="refuse images whose header claims more than N pixels, before any "
+                        "decode (decompression bombs: they are listed as bad files with "
+                        "their size; default %(default)s, Pillow's limit; 0: no limit)")
     p.add_argument("--quality", type=int, default=d.quality,
                    help="JPEG quality of re-encoded images (%(default)s)")
     p.add_argument("--restart-markers", action="store_true",
@@ -101,7 +105,8 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        store_paths=not args.no_paths, shards=args.shards,
                        shard_ids=args.shard_ids, workers=args.workers,
                        overwrite=args.overwrite, progress=not args.no_progress,
-                       image_format=args.image_format, short_side=args.short_side)
+                       image_format=args.image_format, short_side=args.short_side,
+                       max_pixels=args.max_pixels or None)
     if _is_folder_tree(args.sources):
         given = [f for f, v in (("--split", args.split), ("--class-names", args.class_names),
                                 ("--memory-budget", args.memory_budget),
@@ -109,8 +114,11 @@ def run_preprocess(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{', '.join(given)}: for archive sources; a folder tree's splits "
                              "are its folders (--splits) and its order needs no scratch: drop it")
+        from .read.remote import default_options
+
         reports = preprocess(args.sources[0], args.lmdb_dir, splits=args.splits,
-                             val_labels=args.val_labels, options=opt, staging=args.staging)
+                             val_labels=args.val_labels, options=opt, staging=args.staging,
+                             storage_options=default_options().storage_options or None)
     else:
         if any(Path(s).is_dir() and not (Path(s) / "data.mdb").exists() for s in args.sources):
             raise ValueError("give one folder tree, or archive files; not both")
@@ -181,8 +189,10 @@ def _synth(args: argparse.Namespace) -> int:
                                   val_per_class=args.val_per_class, seed=args.seed,
                                   bad=args.bad, size=args.size, workers=args.workers,
                                   progress=not args.no_progress)
-    print(f"wrote {sum(rep.counts.values())} images ({rep.total_bytes / 2**20:.1f} MiB) in "
-          f"{len(rep.classes)} classes to {rep.root}")
+    what = (f"{sum(rep.counts.values())} images ({rep.total_bytes / 2**20:.1f} MiB) in "
+            f"{len(rep.classes)} classes")
+    print(f"{rep.root} already holds {what}, made with these options: nothing to do"
+          if rep.already else f"wrote {what} to {rep.root}")
     return 0
 
 
@@ -193,10 +203,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .version import __version__
+
     ap = argparse.ArgumentParser(
         prog="seqloader", description="Sequential LMDB data loading for PyTorch: write a "
-        "database (preprocess), inspect and check it (info, verify), measure loading (bench); "
-        "synth and demo make synthetic ImageNet-like data. 'seqloader COMMAND --help' for each.")
+        "database (preprocess), inspect and check it (info, verify, show), measure loading "
+        "(bench); cut, reshape and convert it (subset, reshard, merge, export); synth and "
+        "demo make synthetic ImageNet-like data. 'seqloader COMMAND --help' for each.")
+    ap.add_argument("--version", action="version", version=f"seqloader {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("preprocess", help="convert an ImageNet-style folder tree or archives to LMDB")
     add_preprocess_arguments(p)

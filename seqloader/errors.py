@@ -9,6 +9,7 @@ before the hierarchy existed (``ValueError``, ``RuntimeError``, ``OSError``,
                                         DamagedArchiveError, UnsafePickleError
       NotFoundError (FileNotFoundError) a database, split, source or labels file is missing
       OutputExistsError (FileExistsError)  an output is in the way
+      MissingExtraError (ImportError)   an optional extra (e.g. remote) is not installed
       NoRecordsError (ValueError)
       BadImageError (ValueError)
       RemoteError (OSError)             a remote read failed for good; by cause:
@@ -37,11 +38,11 @@ import traceback
 from typing import Any
 
 __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError",
-           "DamagedArchiveError", "NotFoundError", "OutputExistsError", "NoRecordsError",
-           "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
-           "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
-           "WorkerError", "RecordError", "WorkerDiedError", "WorkerTimeoutError",
-           "RemoteTraceback", "USER_ERRORS", "one_line"]
+           "DamagedArchiveError", "NotFoundError", "OutputExistsError", "MissingExtraError",
+           "NoRecordsError", "BadImageError", "RemoteError", "RemoteTimeoutError",
+           "RemoteUnreachableError", "RemoteAccessError", "RemoteNotFoundError",
+           "RemoteChangedError", "RemoteDataError", "WorkerError", "RecordError",
+           "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback", "USER_ERRORS", "one_line"]
 
 
 class SeqloaderError(Exception):
@@ -75,6 +76,11 @@ class OutputExistsError(SeqloaderError, FileExistsError):
     """An output is in the way: it exists and this command did not write it (or wrote it
     with other settings, or in another layout).  The message says how to proceed
     (``--overwrite``, the same command as before, or another output)."""
+
+
+class MissingExtraError(SeqloaderError, ImportError):
+    """An optional extra is needed and not installed; the message names the install
+    command (``pip install 'seqloader[remote]'``)."""
 
 
 class OutputError(SeqloaderError, OSError):

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .format.imagesize import DEFAULT_MAX_PIXELS, check_max_pixels
 from .read.database import Database, open_database
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_plan, plan_epoch
 from .read.remote import RemoteOptions, is_url, with_timeout
@@ -31,13 +32,14 @@ from .dataflow.gpudecode import DecodeStats, GPUDecoder
 from .dataflow.gpugather import GPUOptions, gpu_options
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
+from .dataflow.remainder import Rest, Segment, rest_plan
 from .dataflow.pool import WorkerPool
 from .dataflow.lmdbdata import LMDBData
 from .dataflow.shuffle import LocallyShuffleData, default_warmup
 from .dataflow.stats import LoaderMeter, StageCounters
-from .resume import EpochState, check_checkpoint, checkpoint
+from .resume import EpochState, Resumed, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world
-from .trainers import TrainerFacing
+from .trainers import GradientWindow, TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
 
@@ -62,6 +64,10 @@ class Loader(TrainerFacing):
     ``[(image, target), ...]`` instead, each image one sample of the batch
     (NOTE [ target region ] in :mod:`seqloader.dataflow.targetregion`).  Stored pixels are
     not decoded: the transform gets them as stored (NOTE [ stored pixels ]).
+    ``max_pixels`` (default: Pillow's limit, ~179 megapixels; None: none): a record whose
+    image header claims more pixels raises :class:`~seqloader.errors.RecordError` naming
+    it, before anything decodes it (NOTE [ pixel limit ] in
+    :mod:`seqloader.format.imagesize`: a database written without the writer's limit).
 
     Contracts: ``len(loader)`` is exact and equal on every rank in training
     (``shuffle=True``); each ``for`` is a new epoch (``set_epoch`` sets it; an iterator
@@ -109,12 +115,15 @@ class Loader(TrainerFacing):
                  even: bool | None = None, warmup: int | None = None,
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
                  remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
-                 decode: "str | GPUOptions" = "cpu", diagnose: Diagnose | None = Diagnose()):
+                 decode: "str | GPUOptions" = "cpu",
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                 diagnose: Diagnose | None = Diagnose()):
         LoaderSettings.check(num_workers=num_workers, batch_size=batch_size, cache=cache,
                              seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                              warmup=warmup, timeout=timeout, start_method=start_method, io=io,
                              output=output)
         gpu = gpu_options(decode, transform, output, device)
+        check_max_pixels(max_pixels)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
         self.db: Database = open_database(p, mode, remote=with_timeout(remote, timeout))
@@ -136,7 +145,8 @@ class Loader(TrainerFacing):
             target_transform=target_transform, output=output,
             device=torch.device(device) if device is not None else None,
             even=shuffle if even is None else even, warmup=warmup,
-            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, gpu=gpu)
+            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, gpu=gpu,
+            max_pixels=max_pixels)
         s = self.settings
         check_plan(batch_size=s.batch_size, chunk_size=s.chunk_size, world_size=s.world_size,
                    num_workers=max(1, s.num_workers), rank=s.rank)  # (before the stages do)
@@ -157,6 +167,7 @@ class Loader(TrainerFacing):
         # and a strong reference back would keep a dropped loader (and its workers)
         # alive until the cyclic GC runs
         self._active: weakref.ref | None = None
+        self._rest: tuple[Any, Rest] | None = None  # (the last rest plan made, by its key)
 
     # -------------------------------------------------------------- set-up
     @property
@@ -185,7 +196,7 @@ class Loader(TrainerFacing):
         engine = MultiProcessMapAndBatchData(
             df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
             prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
-            read_ahead=s.persistent_workers, gpu=s.gpu)
+            read_ahead=s.persistent_workers, gpu=s.gpu, max_pixels=s.max_pixels)
         engine.counters = self._meter.counters
         return engine
 
@@ -261,8 +272,25 @@ class Loader(TrainerFacing):
         return self.epochs.epoch
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The plan of ``epoch`` (default: the next) -- pure, no I/O."""
-        return plan_epoch(self.plan_spec, self.epochs.next_epoch if epoch is None else epoch)
+        """The plan of ``epoch`` (default: the next) -- pure, no I/O.  For the next epoch
+        after a checkpoint loaded on other settings: the plan of its rest (NOTE
+        [ elastic resume ] in :mod:`seqloader.dataflow.remainder`)."""
+        e = self.epochs
+        if epoch is None or (epoch == e.next_epoch and e.pending):
+            return self._plan_after(e.next_epoch, e.pending)
+        return plan_epoch(self.plan_spec, epoch)
+
+    def _plan_after(self, epoch: int, before: tuple[Segment, ...]) -> EpochPlan:
+        """This rank's plan of ``epoch`` after the segments ``before`` (none: its own)."""
+        if not before:
+            return plan_epoch(self.plan_spec, epoch)
+        return self._rest_of(epoch, before).plan
+
+    def _rest_of(self, epoch: int, before: tuple[Segment, ...]) -> Rest:
+        key = (self.plan_spec, epoch, before)
+        if self._rest is None or self._rest[0] != key:  # (pure: made once per resume)
+            self._rest = key, rest_plan(self.plan_spec, epoch, before)
+        return self._rest[1]
 
     def _end_active(self, superseded: bool = False) -> None:
         it = self._active() if self._active is not None else None
@@ -276,41 +304,58 @@ class Loader(TrainerFacing):
         self._end_active(superseded=True)
         self.epochs.between()
         started: list[int] = []  # the first batch, once the iteration has taken its epoch
-        it = Pass(self._iterate(started), _SUPERSEDED,  # (resumed: len() is the rest)
-                  lambda: len(self) - (started[0] if started else self.epochs.resume))
+        it = Pass(self._iterate(started), _SUPERSEDED, self._left(started))  # (resumed: the rest)
         self._active = weakref.ref(it)
         return it
 
+    def _left(self, started: list[int]) -> Callable[[], int]:
+        """``len()`` of an iteration: the batches of its plan from its first one."""
+        e = self.epochs
+
+        def left() -> int:
+            if started:
+                return (len(self) if e.batches is None else e.batches) - started[0]
+            return (self._rest_of(e.next_epoch, e.pending).plan.num_batches if e.pending
+                    else len(self)) - e.resume
+        return left
+
     def _iterate(self, started: list[int]) -> Iterator[tuple[Any, torch.Tensor]]:
-        epoch, first = self.epochs.next_epoch, self.epochs.resume
+        e = self.epochs
+        epoch, first, before = e.next_epoch, e.resume, e.pending
+        plan = self._plan_after(epoch, before) if before else None
+        batches = None if plan is None else plan.num_batches
         self._meter.begin(epoch)
         engine = self._ready()
+        window = GradientWindow(self, len(self) if batches is None else batches)
         try:
-            for j, out in self._delivered(engine, epoch, first):
+            for j, out in self._delivered(engine, epoch, first, plan):
                 if not started:
                     started.append(first)
-                    self.epochs.start(epoch, first)
-                self.epochs.position = j + 1
+                    e.start(epoch, first, before=before, batches=batches)
+                e.position = j + 1
+                window.batch(j)
                 yield out
             if not started:  # (an epoch with no batches left is used by running to its end)
                 started.append(first)
-                self.epochs.start(epoch, first)
-            self.epochs.done = True
+                e.start(epoch, first, before=before, batches=batches)
+            e.done = True
         finally:
+            window.close()
             self._meter.finish()
             self._active = None
             if not self.settings.persistent_workers:
                 self._stop_workers()
 
-    def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int,
-                   first: int) -> Iterator[tuple[int, Any]]:
-        """``(j, batch)`` for batches ``j >= first`` of ``epoch``, as the caller gets them,
-        each timed (NOTE [ pipeline counters ])."""
-        sizes, clock = engine.plan(epoch).batch_sizes, time.perf_counter
+    def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int, first: int,
+                   plan: EpochPlan | None) -> Iterator[tuple[int, Any]]:
+        """``(j, batch)`` for batches ``j >= first`` of ``epoch`` (of ``plan``: a rest),
+        as the caller gets them, each timed (NOTE [ pipeline counters ])."""
+        sizes = (plan if plan is not None else engine.plan(epoch)).batch_sizes
+        clock = time.perf_counter
         t = clock()
         if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
             engine.start()  # (in this thread, which outlives the decode thread)
-            for j, batch in self._gpu_decoder.batches(engine.run(epoch, first)):
+            for j, batch in self._gpu_decoder.batches(engine.run(epoch, first, plan)):
                 got = clock()
                 out = self._delivery.collated(batch)
                 self._counted(int(sizes[j]), t, got)
@@ -318,7 +363,7 @@ class Loader(TrainerFacing):
                 t = clock()
             return
         deliver = self._delivery
-        for batch in engine.run(epoch, first):
+        for batch in engine.run(epoch, first, plan):
             got = clock()
             out = deliver(batch)
             j = batch.index
@@ -374,22 +419,39 @@ class Loader(TrainerFacing):
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: the epoch in progress and the batches of it already
-        yielded (or the next epoch, position 0, between epochs)."""
-        return checkpoint(self.epochs.where(len(self)), self.plan_spec, cache=self.settings.cache,
-                          warmup=self.warmup, fingerprint=self.db.metas[0].fingerprint)
+        yielded (or the next epoch, position 0, between epochs), with the settings it ran
+        on.  Equal on every rank (training): rank 0's is the whole checkpoint."""
+        return checkpoint(self.epochs.where(len(self)), self.plan_spec,
+                          cache=self.settings.cache, warmup=self.warmup,
+                          fingerprint=self.db.metas[0].fingerprint)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the batches of that
-        epoch that had not been yielded.  The settings that shape the order must match."""
-        adopt = check_checkpoint(state, self.state_dict(),
-                                 default_warmup=self.settings.warmup is None)
-        EpochState().load(state["epoch"], state["position"], len(self))  # (checks both)
-        if adopt is not None:
+        """Continue from ``state`` (any rank's :meth:`state_dict`): the next iteration
+        yields exactly the records of that epoch that no rank had yielded.  On the
+        checkpoint's settings (``num_workers`` may differ) that is the same batches as
+        the uninterrupted run; on others (world size, batch size, cache, ...) the rest is
+        split across this loader's ranks by its rule -- in training equal counts, at most
+        ``world_size - 1`` records dropped, with a warning (NOTE [ elastic resume ] in
+        :mod:`seqloader.dataflow.remainder`).  Another seed or database: ValueError."""
+        r: Resumed = check_checkpoint(state, self.state_dict(),
+                                      default_warmup=self.settings.warmup is None)
+        if r.adopt is not None:
             self._end_active(superseded=True)  # (its next() raises: not a short epoch)
             self._stop_workers()  # (they and the reader were made with the other warm-up)
-            self._adopted_warmup = adopt
+            self._adopted_warmup = r.adopt
             self._stages = self._build()
-        self.epochs.load(state["epoch"], state["position"], len(self))
+        if r.before:
+            rest = self._rest_of(r.epoch, r.before)  # (raises on a position past the plan)
+            if rest.dropped and r.first == 0:
+                s = self.settings
+                warnings.warn(f"resuming epoch {r.epoch} on other settings ({s.world_size} "
+                              f"rank(s) of batch {s.batch_size}): {rest.remaining} records of it "
+                              f"left, {rest.dropped} of them dropped so that every rank has "
+                              "the same number of batches (training's even rule, "
+                              "drop_last)", stacklevel=2)
+            self.epochs.load(r.epoch, r.first, rest.plan.num_batches, r.before)
+        else:
+            self.epochs.load(r.epoch, r.first, len(self))  # (raises on a bad position)
 
     # -------------------------------------------------------------- shutdown
     def _stop_workers(self) -> None:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .format.imagesize import DEFAULT_MAX_PIXELS
 from .read.direct import choose as choose_io
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, check_count
 
@@ -44,6 +45,8 @@ class LoaderSettings:
     collate_fn: Callable | None = None
     #: ``decode="gpu"``: its :class:`~seqloader.dataflow.gpugather.GPUOptions`; None: the CPU
     gpu: Any = None
+    #: NOTE [ pixel limit ]: a record whose image claims more pixels is a RecordError
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     @staticmethod
     def check(*, num_workers: int, batch_size: int, cache: int, seed: int, prefetch: int,

@@ -16,14 +16,27 @@ epoch is the trainer's knowledge, not the loader's: the trainer says it with
 keeps its position; the one after it means the trainer ended that epoch, and the
 position is dropped without a warning (``Loader.set_epoch`` called directly warns, as
 there it is more likely a mistaken epoch counter).
+
+NOTE [ accelerate's gradient window ]
+``accelerator.accumulate(model)`` steps the optimizer every ``gradient_accumulation_steps``
+batches and at the end of the dataloader, which it learns from its ``GradientState``: a
+prepared DataLoader registers itself there while it is iterated and sets
+``end_of_dataloader`` before yielding its last batch.  ``prepare`` hands a Loader back as
+it is, so the Loader does the same itself (:class:`GradientWindow`): with 15 batches and
+4 steps a window, the steps fall at batches 3, 7, 11 and 14 of every epoch, as with a
+prepared DataLoader, not at 3, 7, 11 and then 0 of the next epoch (the last batches of a
+run never reaching a step).  accelerate is not imported for this: the window is opened
+only when the program has imported it.  ``remainder`` is -1: a Loader pads no batch, so
+``gather_for_metrics`` has nothing to drop.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .resume import EpochState
 
-__all__ = ["TrainerEpochs", "TrainerFacing", "NO_DATASET"]
+__all__ = ["TrainerEpochs", "TrainerFacing", "GradientWindow", "NO_DATASET"]
 
 NO_DATASET = (
     "a seqloader Loader has no .dataset (it reads a database, not a torch Dataset); "
@@ -71,3 +84,33 @@ class TrainerFacing:
         """There is none: accessing it raises AttributeError naming the supported resume
         (accelerate's ``skip_first_batches`` rebuilds a torch DataLoader from it)."""
         raise AttributeError(NO_DATASET)
+
+    #: accelerate's ``GradientState`` reads these of the dataloader being iterated (NOTE
+    #: [ accelerate's gradient window ]): set during an iteration
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+
+class GradientWindow:
+    """One iteration's registration with accelerate's ``GradientState`` (NOTE
+    [ accelerate's gradient window ]); does nothing where accelerate is not imported.
+    :meth:`batch` before yielding each batch, :meth:`close` when the iteration ends."""
+
+    __slots__ = ("_loader", "_state", "_total")
+
+    def __init__(self, loader: TrainerFacing, total: int) -> None:
+        self._loader, self._total = loader, total
+        mod = sys.modules.get("accelerate.state")
+        self._state = mod.GradientState() if mod is not None else None
+        loader.end_of_dataloader = False
+        if self._state is not None:  # (as accelerate's DataLoaderStateMixin.begin)
+            self._state._add_dataloader(loader)
+
+    def batch(self, j: int) -> None:
+        """Batch ``j`` (of ``total``) is about to be yielded."""
+        self._loader.end_of_dataloader = j + 1 >= self._total
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state._remove_dataloader(self._loader)
+            self._state = None

@@ -23,8 +23,118 @@ OPTIONAL = {
     "fsspec": "pip install -c constraints.txt -e '.[remote]'",
     "aiohttp": "pip install -c constraints.txt -e '.[remote]'",
     "webdataset": "pip install -c constraints.txt -e '.[test-extras]'",
+    "zstandard": "pip install -c constraints.txt -e '.[zstd]'",
 }
 _PROGRAMS = {"jpegtran", "nginx"}
+
+
+# NOTE [ a test run leaves nothing ]
+# Each run gets its own temp folder (tempfile's and $TMPDIR, for subprocesses too), so
+# what the run leaves is known at its end, whatever else runs on the machine: pytest's
+# own tmp_path folders go when the run passes (pytest.ini: tmp_path_retention_policy),
+# anything else left there fails the run, naming it, and is removed; a shared-memory
+# file the run left in /dev/shm (shared with other processes: a warning) is named too.
+_RUN_TMP: dict[str, object] = {}
+_TORCH_CACHE = "torchinductor-cache"
+
+
+def pytest_configure(config):
+    import tempfile
+
+    parent = tempfile.gettempdir()
+    run_tmp = tempfile.mkdtemp(prefix="seqloader-tests-", dir=parent)
+    _RUN_TMP.update(path=run_tmp, environ=os.environ.get("TMPDIR"), tempdir=tempfile.tempdir,
+                    shm=set(_shm_files()))
+    os.environ["TMPDIR"] = run_tmp
+    tempfile.tempdir = run_tmp
+    # (importing torch._dynamo, as lightning does, makes torch's compile cache folder
+    # there: named, so that an empty one is known and removed at the end)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(run_tmp, _TORCH_CACHE))
+
+
+def _shm_files() -> list[str]:
+    try:
+        return os.listdir("/dev/shm")
+    except OSError:
+        return []
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path) and not os.path.islink(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+                   if not os.path.islink(os.path.join(d, f)))
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+@pytest.hookimpl(trylast=True)  # (after pytest has removed its own tmp_path folders)
+def pytest_sessionfinish(session, exitstatus):
+    import tempfile
+
+    run_tmp = _RUN_TMP.pop("path", None)
+    if run_tmp is None:
+        return
+    tempfile.tempdir = _RUN_TMP["tempdir"]
+    if _RUN_TMP["environ"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = _RUN_TMP["environ"]
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").startswith(run_tmp):
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
+    import multiprocessing
+
+    own = multiprocessing.current_process()._config.get("tempdir")  # (removed at exit)
+    left = []
+    for e in sorted(os.listdir(run_tmp)):
+        path = os.path.join(run_tmp, e)
+        if path == own:
+            continue
+        if e.startswith("pytest-of-") and exitstatus != 0:
+            continue  # (pytest keeps a failed run's failed tests' folders)
+        if (e.startswith("pytest-of-") or e == _TORCH_CACHE) and _size(path) == 0:
+            shutil.rmtree(path, ignore_errors=True)  # (empty: pytest's, torch's bookkeeping)
+            continue
+        left.append(e)
+    report = session.config.pluginmanager.get_plugin("terminalreporter")
+    if left:
+        sizes = ", ".join(f"{e} ({_size(os.path.join(run_tmp, e)) / 2**20:.1f} MiB)" for e in left)
+        msg = (f"the test run left {len(left)} item(s) in its temp folder: {sizes}; a test "
+               "writes under tmp_path and removes what else it (or the code) makes")
+        if report is not None:
+            report.write_line(f"ERROR: {msg}", red=True)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        for e in left:
+            path = os.path.join(run_tmp, e)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+    try:
+        os.rmdir(run_tmp)  # (it holds what pytest keeps of a failed run: then it stays)
+    except OSError:
+        if report is not None:
+            report.write_line(f"the failed tests' tmp_path folders are kept in {run_tmp}")
+    shm = _orphans(sorted(set(_shm_files()) - _RUN_TMP["shm"]))
+    if shm and report is not None:
+        report.write_line(f"WARNING: /dev/shm holds {len(shm)} file(s) made during the run that "
+                          f"no process has open or mapped (leaked): {shm[:5]}", yellow=True)
+
+
+def _orphans(names: list[str]) -> list[str]:
+    """Those of the /dev/shm files ``names`` that no live process has open or mapped: a
+    file another process (another test run on the machine) is using is not a leak."""
+    if not names:
+        return []
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used.update(line.rsplit("/dev/shm/", 1)[1].split()[0]
+                            for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:  # (the process ended, or is not ours to look at)
+            continue
+    return [n for n in names if n not in used and os.path.exists(f"/dev/shm/{n}")]
 
 
 def available(name: str) -> bool:

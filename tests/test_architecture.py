@@ -204,7 +204,7 @@ def test_all_names_exist():
 
 # The layers, bottom up (docs/how-it-works.md): a module imports its own layer or those below.
 LAYERS = [
-    ("seqloader.errors", "seqloader.version"),
+    ("seqloader.errors", "seqloader.version", "seqloader.progress"),
     ("seqloader.format",),
     ("seqloader.workers",),  # the worker-process plumbing: serves dataflow, write and tools
     ("seqloader.read", "seqloader.transforms"),

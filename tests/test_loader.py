@@ -152,12 +152,16 @@ def test_resume_mid_epoch_continues_exactly(lmdb_dir, nw):
     other_workers = Loader(lmdb_dir, "train", None, **{**kw, "num_workers": 2 - nw})
     other_workers.load_state_dict(state)  # workers only decode: the order does not change
     assert _ids(other_workers) == rest
-    bad = Loader(lmdb_dir, "train", None, **{**kw, "batch_size": 4})
-    with pytest.raises(ValueError, match="batch_size"):
-        bad.load_state_dict(state)
-    # the shuffle buffer's warmup and the database shape the order too
-    with pytest.raises(ValueError, match="warmup"):
-        Loader(lmdb_dir, "train", None, **{**kw, "warmup": 2}).load_state_dict(state)
+    # another batch size or warm-up: the rest of the epoch, each record once, other batches
+    for other in ({"batch_size": 4}, {"warmup": 2}):
+        elastic = Loader(lmdb_dir, "train", None, **{**kw, **other})
+        elastic.load_state_dict(state)
+        rest = _ids(elastic)
+        assert sorted(sum(seen + rest, [])) == sorted(sum(full[1], [])), other
+        elastic.close()
+    # the seed and the database cannot change
+    with pytest.raises(ValueError, match="seed is 5, this loader's 6"):
+        Loader(lmdb_dir, "train", None, **{**kw, "seed": 6}).load_state_dict(state)
     with pytest.raises(ValueError, match="fingerprint"):
         resumed.load_state_dict({**state, "fingerprint": "another database"})
     old = {k: v for k, v in state.items() if k not in ("warmup", "shard_sizes", "fingerprint")}
@@ -199,8 +203,9 @@ def test_resume_edges(lmdb_dir):
     fresh.load_state_dict(state)
     assert _ids(fresh) == want[1:]  # the rest of epoch 0, in the old warm-up's order
     assert fresh.state_dict()["warmup"] == 3  # and it stays the checkpoint's
-    with pytest.raises(ValueError, match="warmup"):  # an explicit one must match
-        Loader(lmdb_dir, "train", None, cache=n, warmup=5, **kw).load_state_dict(state)
+    other = Loader(lmdb_dir, "train", None, cache=n, warmup=5, **kw)  # an explicit one:
+    other.load_state_dict(state)  # the rest of the epoch on its own warm-up
+    assert sorted(sum(_ids(other), [])) == sorted(sum(want[1:], []))
     # checkpoints from before the "warmup" key all used the old default (one batch)
     older = Loader(lmdb_dir, "train", None, cache=n, **kw)
     older.load_state_dict({k: v for k, v in state.items() if k != "warmup"})

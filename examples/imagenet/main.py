@@ -11,7 +11,6 @@ yet seen.  See README.md next to this file.
 import argparse
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -50,7 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--wd", "--weight-decay", default=1e-4, type=float, dest="weight_decay")
     p.add_argument("-j", "--workers", default=4, type=int, help="loader worker processes")
     p.add_argument("-p", "--print-freq", default=10, type=int, help="progress-bar update period")
-    p.add_argument("--resume", default="", metavar="PATH", help="checkpoint to continue from")
+    p.add_argument("--resume", default="", metavar="PATH",
+                   help="checkpoint to continue from (on any number of processes); 'auto': "
+                        "CHECKPOINT_DIR/checkpoint.pth.tar if it exists (requeued or restarted jobs)")
     p.add_argument("-e", "--evaluate", action="store_true", help="only validate the model")
     p.add_argument("--seed", default=0, type=int, help="model initialisation and data order")
     p.add_argument("--loader", default="seqloader", choices=["seqloader", "folder"])
@@ -174,13 +175,17 @@ def seed_worker(worker_id):
 
 # ----------------------------------------------------------------------------- helpers
 class Stopper:
-    """The first Ctrl-C (or SIGTERM) asks to stop after the current batch; another one,
-    a second or more later, aborts.  (Under torchrun, Ctrl-C reaches each rank twice:
-    from the terminal and forwarded by torchrun.)"""
+    """The first Ctrl-C, SIGTERM or SIGUSR1 (a scheduler's notice: SLURM's --signal,
+    Kubernetes, spot instances) asks to stop after the current batch: every rank stops at
+    the same batch, a checkpoint is saved and the run exits with 128 + the signal number.
+    Another one, a second or more later, aborts.  (Under torchrun, Ctrl-C reaches each
+    rank twice: from the terminal and forwarded by torchrun.)"""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self, run):
         self.run, self.signum, self.since, self.pid = run, 0, 0.0, os.getpid()
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in self.SIGNALS:
             signal.signal(s, self._handle)
 
     def _handle(self, signum, frame):
@@ -191,8 +196,8 @@ class Stopper:
                 raise KeyboardInterrupt
             return
         self.signum, self.since = signum, time.monotonic()
-        print(f"\n{signal.Signals(signum).name}: stopping after this batch (again to abort "
-              "without a checkpoint)", file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name}: stopping after this batch and saving a "
+              "checkpoint (again to abort without one)", file=sys.stderr, flush=True)
 
     def requested(self):
         """Whether any rank was asked to stop (so that all ranks stop at the same batch)."""
@@ -210,6 +215,27 @@ def topk_correct(output, target, ks):
     """How many targets are among the top-k predictions, for each k."""
     hit = output.topk(max(ks), 1).indices.eq(target.view(-1, 1))
     return [hit[:, :k].any(1).sum().item() for k in ks]
+
+
+def atomic_save(obj, path):
+    """``torch.save`` to ``path`` so that a kill at any moment leaves the old file or the
+    new one, whole: write a temporary file, fsync it, rename it over ``path``, fsync the
+    folder (the rename itself survives a power cut)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def resume_command(path):
@@ -307,16 +333,15 @@ class Run:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.start_epoch, self.best_acc1 = ckpt["epoch"], ckpt["best_acc1"]
-        states = ckpt.get("loader")
-        if self.seq and states and not self.args.evaluate:
-            if len(states) != self.world:
-                sys.exit(f"{path} was written by {len(states)} process(es), this run has "
-                         f"{self.world}: the data order depends on it; use the same number")
-            try:
-                self.train_loader.load_state_dict(states[self.rank])  # the batches not yet seen
+        state = ckpt.get("loader")
+        if isinstance(state, list):  # (older checkpoints: every rank's, all alike)
+            state = state[0]
+        if self.seq and state and not self.args.evaluate:
+            try:  # the records no rank had trained on, on this run's processes and -b
+                self.train_loader.load_state_dict(state)
             except ValueError as e:
-                sys.exit(f"cannot resume from {path}: {e}\n(use the data, -b, --seed and "
-                         "--cache of the run that wrote it)")
+                sys.exit(f"cannot resume from {path}: {e}\n(use the data and --seed of the "
+                         "run that wrote it)")
         elif ckpt["iteration"] and not self.args.evaluate:
             print(f"warning: this loader cannot resume mid-epoch; epoch {self.start_epoch} "
                   "restarts", file=sys.stderr)
@@ -325,27 +350,20 @@ class Run:
                   f"{ckpt['iteration']}, best acc@1 {self.best_acc1:.3f}", flush=True)
 
     def checkpoint(self, epoch, iteration, is_best=False):
-        """Save on rank 0, with every rank's loader position (call on all ranks)."""
-        states = None
-        if self.seq:
-            states = [None] * self.world
-            if self.distributed:
-                dist.all_gather_object(states, self.train_loader.state_dict())
-            else:
-                states[0] = self.train_loader.state_dict()
+        """Save on rank 0 (call on all ranks).  The loader's state is rank 0's: it is the
+        same on every rank and resumes on any number of them."""
+        state = self.train_loader.state_dict() if self.seq else None
         folder = Path(self.args.checkpoint_dir)
         path = folder / "checkpoint.pth.tar"
         if self.main:
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save({"epoch": epoch, "iteration": iteration, "arch": self.args.arch,
-                        "state_dict": self.bare_model.state_dict(), "best_acc1": self.best_acc1,
-                        "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "loader": states,
-                        "args": vars(self.args)}, folder / "checkpoint.tmp")
-            os.replace(folder / "checkpoint.tmp", path)  # atomic: never a half-written file
+            atomic_save({"epoch": epoch, "iteration": iteration, "arch": self.args.arch,
+                         "state_dict": self.bare_model.state_dict(), "best_acc1": self.best_acc1,
+                         "optimizer": self.optimizer.state_dict(),
+                         "scheduler": self.scheduler.state_dict(), "loader": state,
+                         "args": vars(self.args)}, path)
             if is_best:
-                shutil.copyfile(path, folder / "model_best.tmp")
-                os.replace(folder / "model_best.tmp", folder / "model_best.pth.tar")
+                atomic_save(torch.load(path, map_location="cpu"), folder / "model_best.pth.tar")
         if self.distributed:  # no rank leaves (e.g. to stop) before the file is in place
             dist.barrier()
         return path
@@ -353,7 +371,8 @@ class Run:
     def interrupted(self, epoch, iteration, path):
         if self.main:
             print(f"\ninterrupted at epoch {epoch}, iteration {iteration}; checkpoint saved to "
-                  f"{path}\nresume with: {resume_command(path)}", file=sys.stderr, flush=True)
+                  f"{path}\nresume with: {resume_command(path)}\n(on any number of processes: "
+                  "the rest of the epoch is split across them)", file=sys.stderr, flush=True)
         self.close()
         sys.exit(128 + self.stopper.signum)
 
@@ -397,7 +416,9 @@ class Run:
         self.model.train()
         first = loader.state_dict()["position"] if self.seq else 0
         total = min(len(loader), args.max_iters) if args.max_iters else len(loader)
-        log = open(args.log_batches, "a") if args.log_batches and self.main else None
+        log = None
+        if args.log_batches:  # rank 0 to the file, rank r to FILE.rank<r>
+            log = open(args.log_batches + ("" if self.main else f".rank{self.rank}"), "a")
         bar = tqdm(total=total, initial=first, desc=f"train {epoch}", disable=not self.main)
         seen = correct = 0
         loss_sum, start = 0.0, time.perf_counter()
@@ -488,6 +509,9 @@ def main():
         run = Run(args)
     except (FileNotFoundError, FormatError) as e:  # a missing data folder or split, ...
         sys.exit(f"{Path(sys.argv[0]).name}: error: {e}")
+    if args.resume == "auto":  # a requeued or restarted job: the last checkpoint, if any
+        auto = Path(args.checkpoint_dir) / "checkpoint.pth.tar"
+        args.resume = str(auto) if auto.is_file() else ""
     if args.resume:
         run.resume(args.resume)
     if args.evaluate:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 import msgpack
 import numpy as np
 
+from ..format.imagesize import DEFAULT_MAX_PIXELS
 from ..read.plan import EpochPlan, check_count, num_batches, plan_epoch
 from . import targetregion as _targets
 from .base import DataFlow, ProxyDataFlow
@@ -55,6 +56,9 @@ class BatchSpec:
     gpu: Any = None
     #: the records hold stored pixels (NOTE [ stored pixels ])
     stored_pixels: bool = False
+    #: an image whose header claims more pixels is a RecordError before any decode (NOTE
+    #: [ pixel limit ]); None: no limit
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     @property
     def keeps_inputs(self) -> bool:

@@ -17,12 +17,13 @@ import msgpack
 import numpy as np
 
 from ..errors import RecordError
+from ..format.imagesize import over_pixel_limit
 from ..format.pixels import image_source
 from . import targetregion as _targets
 from .batch import BatchSpec
 
 __all__ = ["RecordError", "batch_rng", "decode_batch", "callers_rngs_kept", "record_error",
-           "seed_global_rngs"]
+           "seed_global_rngs", "check_pixels"]
 
 
 def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
@@ -120,7 +121,9 @@ def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
                 labels[i] = _label(spec.target_transform(label)) if spec.target_transform else label
             if spec.mode == "raw":
                 raw.append(data)
-            elif fused is not None:
+                continue
+            check_pixels(data, spec.max_pixels)  # (before any decode)
+            if fused is not None:
                 run.append((i, (idx, rec.get("path")), fused.prepare(data, rng)))
             else:
                 _generic(spec, data, samples[i], rng)
@@ -146,6 +149,19 @@ def _finish(fused: Any, run: list[tuple[int, Any, Any]], samples: np.ndarray) ->
         except Exception as e:
             raise record_error(e, idx, path) from e
     run.clear()
+
+
+def check_pixels(data: Any, max_pixels: int | None) -> None:
+    """ValueError, before any decode, if the encoded image ``data`` claims more than
+    ``max_pixels`` pixels (NOTE [ pixel limit ]; stored pixels, an array, pass)."""
+    if max_pixels is None or isinstance(data, np.ndarray):
+        return
+    why = over_pixel_limit(data, max_pixels, fix=(
+        "the database was written without this limit (or with a higher one): to read it, "
+        "raise the Loader's limit (Loader(max_pixels=N), None: no limit), or write the "
+        "database again (seqloader preprocess leaves such images out: --max-pixels)"))
+    if why is not None:
+        raise ValueError(why)
 
 
 def record_error(e: Exception, idx: int, path: Any) -> RecordError:

@@ -116,8 +116,8 @@ class FeedThread(threading.Thread):
             free = time.perf_counter()
             _, _, whole = slot_views(pool.slot_buffer(slot), spec, 0)
             split, self.split = self.split, 0
-            if split and self._split(plan, gen, j, recs, slot, whole, split):
-                self._count(counters, t, cpu, got, free, recs)
+            if split and self._split(plan, gen, j, recs, slot, whole, split, counters,
+                                     (t, cpu, got, free)):
                 t, cpu = time.perf_counter(), time.thread_time()
                 continue
             start = spec.input_start([len(v) for _, v in recs])
@@ -129,9 +129,10 @@ class FeedThread(threading.Thread):
             else:
                 inline = [bytes(v) for _, v in recs]
             del whole
+            # (counted before it is sent: once the batch is out, the epoch may end)
+            t, cpu = self._count(counters, t, cpu, got, free, recs)
             pool.submit(plan.worker_of(j), ("batch", gen, plan.epoch, j, slot, len(recs),
                                             offsets, [i for i, _ in recs], inline))
-            t, cpu = self._count(counters, t, cpu, got, free, recs)
         return True
 
     @staticmethod
@@ -144,7 +145,7 @@ class FeedThread(threading.Thread):
         return now, now_cpu
 
     def _split(self, plan: EpochPlan, gen: int, j: int, recs: list, slot: int, whole: Any,
-               parts: int) -> bool:
+               parts: int, counters: StageCounters, clocks: tuple) -> bool:
         """Feed batch ``j`` as ``parts`` parts, one per worker from ``j``'s own on (NOTE
         [ first batch split ]); False (nothing sent) when its records do not fit so."""
         spec = self.pool.spec
@@ -162,6 +163,7 @@ class FeedThread(threading.Thread):
         rngs = part_rngs(spec, values, layout, plan.epoch, j)
         del values
         w0, indices = plan.worker_of(j), [i for i, _ in recs]
+        self._count(counters, *clocks, recs)
         for k, ((a, b, _), off, rng) in enumerate(zip(layout, offsets, rngs)):
             self.pool.submit((w0 + k) % plan.num_workers,
                              ("batch", gen, plan.epoch, j, slot, len(recs), off, indices[a:b],

@@ -41,7 +41,7 @@ from ..format.pixels import image_source
 from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
 from .batch import BatchSpec
-from .decode import record_error
+from .decode import check_pixels, record_error
 
 __all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "gpu_options", "sample_nbytes",
            "params_view", "pixels_view", "classify", "gather_batch"]
@@ -191,6 +191,7 @@ def gather_batch(spec: BatchSpec, whole: np.ndarray, values: Sequence[Any],
             image, label, offset = _locate(value, base, size, spec.stored_pixels)
             labels[i] = (operator.index(spec.target_transform(label)) if spec.target_transform
                          else label)
+            check_pixels(image, spec.max_pixels)
             kind, frame = classify(image, options)
             if kind == ON_GPU and offset is None:
                 kind = 7

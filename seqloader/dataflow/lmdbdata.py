@@ -15,6 +15,7 @@ the number of workers.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -29,7 +30,19 @@ from .base import DataFlow, ProxyDataFlow, Records
 from .feedthread import Stopped
 from .passes import Pass
 
-__all__ = ["LMDBData", "unpacked_records"]
+__all__ = ["LMDBData", "unpacked_records", "SHORT"]
+
+#: NOTE [ short ranges ]
+#: The rest of a resumed epoch (:mod:`seqloader.dataflow.remainder`) holds the records
+#: that were in the old ranks' shuffle buffers: thousands of single records a few apart.
+#: The sequential reader costs ~1.5 ms per range (its read-ahead and unmapping work per
+#: part): read one range each, they made the first batch of a rest 0.7 s instead of
+#: 0.2 s.  Ranges shorter than ``SHORT`` records are read record by record instead, by
+#: random access, as a same-settings resume refills its buffer; the long runs around
+#: them (whole chunks) stream as before.  Same records, same order: only the I/O path.
+#: Only there: an epoch's own plan, and a remote database (whose sequential reads check
+#: each record on arrival and batch many into one GET), always stream.
+SHORT = 16
 
 
 def unpacked_records(records: Records) -> Iterator[list]:
@@ -118,17 +131,28 @@ class LMDBData(DataFlow):
         return self._reader
 
     # ---------------------------------------------------- encoded records
-    def read(self, ranges: Sequence[tuple[int, int]], stop: Any = None) -> Records:
+    def read(self, ranges: Sequence[tuple[int, int]], stop: Any = None, *,
+             short: int = 0) -> Records:
         """``(index, value)`` of the records of ``ranges``, in order; values are zero-copy
-        views, valid until :meth:`close`.  Raises :class:`Stopped` once ``stop`` is set."""
-        for rec in self.reader.read(ranges):
-            if stop is not None and stop.is_set():
-                raise Stopped()
-            yield rec
+        views, valid until :meth:`close`.  Raises :class:`Stopped` once ``stop`` is set.
+        Ranges of fewer than ``short`` records are read one record at a time (NOTE
+        [ short ranges ]: :meth:`short_for` a plan)."""
+        for long, group in itertools.groupby(ranges, key=lambda r: r[1] - r[0] >= short):
+            stream = (self.reader.read(list(group)) if long
+                      else ((i, self.reader.get(i)) for a, b in group for i in range(a, b)))
+            for rec in stream:
+                if stop is not None and stop.is_set():
+                    raise Stopped()
+                yield rec
 
     def records(self, plan: EpochPlan, skip: int = 0, eager: int = 0, stop: Any = None) -> Records:
         """The plan's records in file order, minus the first ``skip``."""
-        return self.read(skip_ranges(plan.ranges, skip), stop)
+        return self.read(skip_ranges(plan.ranges, skip), stop, short=self.short_for(plan))
+
+    def short_for(self, plan: EpochPlan) -> int:
+        """Ranges of ``plan`` shorter than this are read record by record: ``SHORT`` in the
+        rest of a resumed epoch from a local database, else 0 (NOTE [ short ranges ])."""
+        return SHORT if plan.segment and self.db.remote is None else 0
 
     def get(self, index: int) -> memoryview:
         return self.reader.get(index)

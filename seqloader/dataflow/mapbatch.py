@@ -12,26 +12,29 @@ import numpy as np
 from ..read.plan import EpochPlan, plan_epoch
 from .base import DataFlow, ProxyDataFlow
 from ..errors import FormatError
+from ..format.imagesize import DEFAULT_MAX_PIXELS, check_max_pixels
 from . import targetregion as _targets
 from .batch import Batch, BatchSpec, slot_views
-from .decode import batch_rng, callers_rngs_kept, decode_batch, record_error
+from .decode import batch_rng, callers_rngs_kept, check_pixels, decode_batch, record_error
 from .stats import StageCounters
 
 __all__ = ["MultiProcessMapAndBatchData", "batch_spec"]
 
 
 def batch_spec(df: Any, transform: Callable | None, target_transform: Callable | None = None,
-               output: str = "float", gpu: Any = None) -> tuple[BatchSpec, Any]:
+               output: str = "float", gpu: Any = None,
+               max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[BatchSpec, Any]:
     """The workers' spec for batches of the planned ``df`` and the device normalisation
     that ``output="uint8"`` leaves to the caller (or None).  ``transform=None``: raw mode.
     ``gpu`` (a :class:`~seqloader.dataflow.gpugather.GPUOptions`): mode "gpu", the
     workers gather batches for the device (NOTE [ GPU batches ]).
     A plain transform is run on record 0 here to learn the sample shape (a failure
-    there raises :class:`~seqloader.errors.RecordError` naming record 0)."""
+    there raises :class:`~seqloader.errors.RecordError` naming record 0).  ``max_pixels``:
+    a record whose image claims more pixels raises RecordError (NOTE [ pixel limit ])."""
     if output not in ("float", "uint8"):
         raise ValueError(f"output must be 'float' or 'uint8', got {output!r}")
     db, s = df.source.db, df.plan_spec
-    common = dict(batch_size=s.batch_size, seed=s.seed, rank=s.rank,
+    common = dict(batch_size=s.batch_size, seed=s.seed, rank=s.rank, max_pixels=max_pixels,
                   target_transform=target_transform,
                   mean_record=db.image_bytes / max(1, db.num_records),
                   # HOOK [ any targets ]: target kind and region (NOTE [ target region ])
@@ -57,6 +60,8 @@ def batch_spec(df: Any, transform: Callable | None, target_transform: Callable |
     fn = adapt(transform)
     rec = db.first_record()  # infer the sample shape from record 0
     try:
+        if rec.shape is None:
+            check_pixels(rec.image, max_pixels)
         with callers_rngs_kept():
             img = (decode_rgb(rec.image) if rec.shape is None  # HOOK [ stored pixels ]
                    else np.frombuffer(rec.image, np.uint8).reshape(rec.shape).copy())
@@ -102,7 +107,8 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
     def __init__(self, df: DataFlow, num_workers: int, transform: Callable | None = None, *,
                  target_transform: Callable | None = None, output: str = "float",
                  prefetch: int = 2, timeout: float = 0, start_method: str | None = None,
-                 read_ahead: bool = True, gpu: Any = None):
+                 read_ahead: bool = True, gpu: Any = None,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         if df.planned != "batches":
             raise TypeError("MultiProcessMapAndBatchData reads a BatchData over LMDBData (and "
                             "optionally LocallyShuffleData); for other stages use "
@@ -113,6 +119,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         self.target_transform, self.output = target_transform, output
         self.prefetch, self.timeout, self.start_method = prefetch, timeout, start_method
         self.read_ahead, self.gpu = read_ahead, gpu
+        self.max_pixels = check_max_pixels(max_pixels)
         #: the plan of its batches: ``df``'s, with batch ``j`` decoded by worker ``j % W``
         self.plan_spec = dataclasses.replace(df.plan_spec, num_workers=max(1, num_workers))
         self._spec: BatchSpec | None = None
@@ -127,7 +134,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         if self._spec is None:
             self._spec, self.device_normalize = batch_spec(self.df, self.transform,
                                                            self.target_transform, self.output,
-                                                           self.gpu)
+                                                           self.gpu, self.max_pixels)
         return self._spec
 
     @property
@@ -151,9 +158,10 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
             self.pool.counters = self.counters
         self.pool.start()
 
-    def run(self, epoch: int, first: int = 0) -> Iterator[Batch]:
-        """The :class:`Batch` es ``j >= first`` of ``epoch``."""
-        plan = self.plan(epoch)
+    def run(self, epoch: int, first: int = 0, plan: EpochPlan | None = None) -> Iterator[Batch]:
+        """The :class:`Batch` es ``j >= first`` of ``epoch`` (of ``plan``, a plan of that
+        epoch by this stage's spec, when given: the rest of a resumed epoch)."""
+        plan = self.plan(epoch) if plan is None else plan
         spec = self.spec
         if self.in_process:
             yield from self._in_process(spec, plan, first)

@@ -162,6 +162,9 @@ class EpochPlan:
     num_workers: int = 1
     #: the spec it was made from (a stage reading it may need the batch size or split size)
     spec: PlanSpec | None = None
+    #: 0: the epoch's own plan; k > 0: the rest of the epoch after its k-th resume on
+    #: other settings (its local shuffle is seeded apart: :mod:`seqloader.dataflow.remainder`)
+    segment: int = 0
 
     @property
     def num_batches(self) -> int:

@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import RemoteChangedError, RemoteError, RemoteTimeoutError
+from ..errors import MissingExtraError, RemoteChangedError, RemoteError, RemoteTimeoutError
 from .direct import DirectStream
 from .httprange import RangeIgnoredError, direct_url, get_into, interrupt
 from .remotefaults import (Aborted, call_with_timeout, error_for, redact_options, retrying,
@@ -42,7 +42,8 @@ from .bytesource import Part
 
 __all__ = ["RemoteError", "RemoteChangedError", "RemoteOptions", "RemoteFile", "RemoteSource",
            "RemoteStream", "default_options", "filesystem", "is_url", "safe_url",
-           "set_default_budget", "stat_remote", "strong_etag", "with_timeout"]
+           "set_default_budget", "stat_remote", "strong_etag", "with_timeout",
+           "REMOTE_EXTRA", "remote_extra_missing", "set_default_storage_options"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -116,10 +117,22 @@ def set_default_budget(timeout: float | None = None, deadline: float | None = No
             _DEFAULT_BUDGET[name] = float(value)
 
 
+_DEFAULT_STORAGE: dict = {}
+
+
+def set_default_storage_options(storage_options: dict) -> None:
+    """Set (replace) the ``storage_options`` of :func:`default_options`: for the whole
+    process, the command line's ``--anon`` and ``--endpoint-url``; code passes
+    ``RemoteOptions(storage_options=...)`` instead."""
+    _DEFAULT_STORAGE.clear()
+    _DEFAULT_STORAGE.update(storage_options)
+
+
 def default_options() -> RemoteOptions:
-    """``RemoteOptions()`` with the budget :func:`set_default_budget` set, if any."""
+    """``RemoteOptions()`` with the budget :func:`set_default_budget` and the storage
+    options :func:`set_default_storage_options` set, if any."""
     t, d = _DEFAULT_BUDGET.get("timeout"), _DEFAULT_BUDGET.get("deadline")
-    o = RemoteOptions()
+    o = RemoteOptions(storage_options=dict(_DEFAULT_STORAGE))
     return dataclasses.replace(
         o, timeout=o.timeout if t is None else t,
         connect_timeout=o.connect_timeout if t is None else min(o.connect_timeout, t),
@@ -141,20 +154,30 @@ def with_timeout(options: RemoteOptions | None, timeout: float) -> RemoteOptions
 _FS: dict[tuple, tuple[Any, str]] = {}  # (pid, url, options) -> (filesystem, path)
 
 
+#: How to install what URLs need (fsspec; aiohttp for http(s)://, s3fs for s3://).
+REMOTE_EXTRA = "pip install 'seqloader[remote]'"
+
+
+def remote_extra_missing(doing: str, e: ImportError) -> MissingExtraError:
+    """The one-line error for ``doing`` (``"reading URL"``) without the remote extra:
+    what is missing and :data:`REMOTE_EXTRA`.  (fsspec's own message for a missing
+    protocol package names packages it does not need, such as requests.)"""
+    missing = getattr(e, "name", None) or getattr(e.__cause__, "name", None)
+    what = f"{missing} is not installed" if missing else "a package of it is not installed"
+    return MissingExtraError(f"{doing} needs seqloader's remote extra ({what}): {REMOTE_EXTRA} "
+                             "(in a clone: pip install -c constraints.txt -e '.[remote]')")
+
+
 def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
     """The fsspec filesystem and in-filesystem path of ``url``, made once per process."""
     key = (os.getpid(), url, repr(sorted(options.storage_options.items())))
     if key not in _FS:
         try:
             import fsspec
-        except ImportError:
-            raise ImportError(f"reading {safe_url(url)} needs fsspec (and the package of its "
-                              "protocol, e.g. s3fs): in a clone of seqloader, "
-                              "pip install -c constraints.txt -e '.[remote]'") from None
-        try:
+
             fs, path = fsspec.core.url_to_fs(url, **options.storage_options)
         except ImportError as e:
-            raise ImportError(f"reading {safe_url(url)}: {e}") from None
+            raise remote_extra_missing(f"reading {safe_url(url)}", e) from None
         _FS[key] = (_without_own_retries(fs, options), path)
     return _FS[key]
 

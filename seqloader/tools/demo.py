@@ -9,9 +9,12 @@ from pathlib import Path
 __all__ = ["run_demo"]
 
 
-def run_demo(work: Path, *, progress: bool = True) -> int:
-    """Synthesise a small ImageNet-like tree in ``work``, preprocess it to LMDB, verify it,
-    and train-load it with :class:`~seqloader.Loader` for two epochs.  Idempotent."""
+def run_demo(work: Path, *, progress: bool = True, classes: int = 10, per_class: int = 60,
+             val_per_class: int = 10, size: str = "imagenet", batch_size: int = 64) -> int:
+    """Synthesise a small ImageNet-like tree in ``work`` (``classes`` x ``per_class`` train
+    and ``val_per_class`` val images of ``size``, 2 of them broken), preprocess it to
+    LMDB, verify it, and train-load it with :class:`~seqloader.Loader` for two epochs in
+    batches of ``batch_size``.  Idempotent."""
     from ..read.database import open_database
     from ..write.preprocess import preprocess
     from .synth import make_synthetic_imagenet
@@ -26,7 +29,8 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
         tmp = work / "imagenet.partial"
         if tmp.exists():
             shutil.rmtree(tmp)
-        make_synthetic_imagenet(tmp, classes=10, per_class=60, val_per_class=10, seed=0, bad=2,
+        make_synthetic_imagenet(tmp, classes=classes, per_class=per_class,
+                                val_per_class=val_per_class, seed=0, bad=2, size=size,
                                 workers=2, progress=progress)
         if src.is_dir() and not any(src.iterdir()):
             src.rmdir()
@@ -52,14 +56,17 @@ def run_demo(work: Path, *, progress: bool = True) -> int:
 
     tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
                     T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
-    loader = Loader(out, "train", tf, batch_size=64, shuffle=True, num_workers=2,
+    loader = Loader(out, "train", tf, batch_size=batch_size, shuffle=True, num_workers=2,
                     world_size=1)  # (one process, also under a launcher's WORLD_SIZE)
     for epoch in range(2):
-        t0, n = time.perf_counter(), 0
+        t0, n, shape, last = time.perf_counter(), 0, None, 0
         for images, labels in loader:
             n += len(labels)
+            shape = shape or tuple(images.shape)  # (the first batch: a full one)
+            last = len(labels)
         dt = time.perf_counter() - t0
-        print(f"      epoch {epoch}: {len(loader)} batches, {n} images {tuple(images.shape)}, "
+        tail = f" (the last of {last})" if last != batch_size else ""
+        print(f"      epoch {epoch}: {len(loader)} batches of {shape}{tail}, {n} images, "
               f"{n / dt:.0f} images/s")
     loader.close()
     return 0

@@ -36,6 +36,7 @@ files (real Photoshop CMYK files with K > 0 were not tested here).
 from __future__ import annotations
 
 import io
+import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -55,6 +56,8 @@ _BAD_SPLIT_ID = 2
 _ODD_KINDS = ("gray", "png", "cmyk")
 _BAD_KINDS = ("truncated", "empty", "text")
 _MAX_CLASSES = 100_000
+#: The file in the root that records what a tree was made with (NOTE [ synth identity ]).
+MARKER = ".seqloader-synth.json"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class SynthReport:
         bad_files: sorted posix paths relative to ``root`` of deliberately
             undecodable files (all in ``train/``).
         total_bytes: total size of all files written (good + odd + bad).
+        already: True when the tree was complete already (the same call ran before:
+            nothing was written; NOTE [ synth identity ]).
     """
 
     root: Path
@@ -82,6 +87,7 @@ class SynthReport:
     odd_files: dict[str, list[str]]
     bad_files: list[str]
     total_bytes: int
+    already: bool = False
 
 
 def _wnids(seed: int, n: int) -> list[str]:
@@ -235,8 +241,10 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
           ``counts`` and are listed in ``bad_files``.
         * Every file is written to ``<name>.tmp`` and then ``os.replace``-d, so
           an interrupted run never leaves a partial file under a final name.
-        * ``root`` may exist, but ``root/train`` and ``root/val`` must not
-          already contain anything (FileExistsError otherwise).
+        * ``root`` may exist; ``root/train`` and ``root/val`` must be empty, or
+          hold the tree of this very call (then it returns that tree's report
+          with ``already`` True, or, if that call was interrupted, writes it
+          again); another tree is refused with FileExistsError.
 
     Args:
         root: output directory (created if missing).
@@ -256,14 +264,14 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
             ``__main__`` guard needed; the caller's ``cv2.setNumThreads`` is
             set to 1 only while forking, then restored); elsewhere ``spawn``
             (callers need the usual ``if __name__ == "__main__":`` guard).
-        progress: show a tqdm progress bar.
+        progress: show a progress bar (on a terminal: NOTE [ bars on terminals only ]).
 
     Returns:
         A :class:`SynthReport`.
 
     Raises:
         ValueError: an argument is out of range (the message names it and the fix).
-        FileExistsError: ``root/train`` or ``root/val`` is not empty.
+        FileExistsError: ``root/train`` or ``root/val`` holds another tree.
     """
     classes = _check_int("classes", classes, 1, _MAX_CLASSES, "use at least one class")
     per_class = _check_int("per_class", per_class, 1, None,
@@ -284,11 +292,15 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
 
     root_p = Path(root)
     splits = [("train", per_class)] + ([("val", val_per_class)] if val_per_class > 0 else [])
-    for split, _ in splits:
-        d = root_p / split
-        if d.exists() and any(d.iterdir()):
-            raise OutputExistsError(f"{d} is not empty; delete it or choose another root "
-                                    "(make_synthetic_imagenet never overwrites a dataset)")
+    have_pil = _pil_available()
+    identity = {"classes": classes, "per_class": per_class, "val_per_class": val_per_class,
+                "seed": seed, "odd_fraction": odd_fraction, "bad": bad, "size": size,
+                "quality": quality, "cmyk": have_pil}
+    done = _check_root(root_p, [s for s, _ in splits], identity)
+    if done is not None:
+        return done
+    root_p.mkdir(parents=True, exist_ok=True)
+    _write_marker(root_p, identity, None)
     names = _wnids(seed, classes)
 
     # --- plan every file (deterministic order)
@@ -309,7 +321,6 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
         chosen = sel_rng.choice(n_good, size=n_odd, replace=False)
         for j, idx in enumerate(chosen.tolist()):
             kinds[idx] = _ODD_KINDS[j % len(_ODD_KINDS)]
-    have_pil = _pil_available()
     if not have_pil and "cmyk" in kinds:
         n_skip = kinds.count("cmyk")
         warnings.warn(f"Pillow is not installed: writing {n_skip} CMYK file(s) as ordinary "
@@ -330,12 +341,12 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
             (root_p / split / wnid).mkdir(parents=True, exist_ok=True)
 
     # --- run
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     root_s = str(root_p)
     results: list[tuple[str, str, int]] = []
-    bar = tqdm(total=len(tasks), unit="img", desc="synth", disable=not progress,
-               dynamic_ncols=True)
+    bar = progress_bar(total=len(tasks), unit="img", desc="synth", progress=progress,
+                       dynamic_ncols=True)
     try:
         if workers == 1:
             for t in tasks:
@@ -367,5 +378,48 @@ def make_synthetic_imagenet(root: str | os.PathLike[str], *, classes: int = 10,
     for v in odd.values():
         v.sort()
     bad_files.sort()
-    return SynthReport(root=root_p, classes=names, counts=counts, odd_files=odd,
-                       bad_files=bad_files, total_bytes=total)
+    report = SynthReport(root=root_p, classes=names, counts=counts, odd_files=odd,
+                         bad_files=bad_files, total_bytes=total)
+    _write_marker(root_p, identity, report)
+    return report
+
+
+# NOTE [ synth identity ]
+# ``root/.seqloader-synth.json`` records the options a tree is made with (before the
+# first file; with the report once complete).  The same call again returns the report
+# (``already``) without writing, or, after an interruption, writes every file again
+# (the same bytes); other options, or a split folder holding anything else, are refused.
+
+
+def _check_root(root: Path, splits: list[str], identity: dict) -> SynthReport | None:
+    """The finished report of this very tree, None to (re)write it; OutputExistsError
+    when ``root`` holds another tree (NOTE [ synth identity ])."""
+    try:
+        doc = json.loads((root / MARKER).read_text())
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict) and doc.get("identity") == identity:
+        rep = doc.get("report")
+        if rep is None:
+            return None  # an interrupted run of the same options: written again
+        return SynthReport(root=root, **rep, already=True)
+    if isinstance(doc, dict) and isinstance(doc.get("identity"), dict):
+        old = doc["identity"]
+        diff = ", ".join(f"{k} {old.get(k)!r} (now {v!r})" for k, v in identity.items()
+                         if old.get(k) != v)
+        raise OutputExistsError(f"{root} holds a synthetic dataset made with other options "
+                                f"({diff}); delete it, or choose another folder")
+    for split in splits:
+        d = root / split
+        if d.exists() and any(d.iterdir()):
+            raise OutputExistsError(f"{d} is not empty (and not a synthetic dataset); "
+                                    "delete it, or choose another folder")
+    return None
+
+
+def _write_marker(root: Path, identity: dict, report: SynthReport | None) -> None:
+    rep = None if report is None else {
+        "classes": report.classes, "counts": report.counts, "odd_files": report.odd_files,
+        "bad_files": report.bad_files, "total_bytes": report.total_bytes}
+    _write_atomic(str(root / MARKER), json.dumps({"identity": identity, "report": rep},
+                                                 indent=1).encode())

@@ -11,6 +11,7 @@ from typing import Sequence
 
 from ..format.files import db_name
 from ..read.remote import is_url
+from .overlap import refuse_overlap
 from .scan import Scan, scan_class_tree, scan_labelled_folder, warn_single_class
 from .writer import WriteOptions, WriteReport, write_split
 from ..errors import NotFoundError, OutputExistsError
@@ -93,6 +94,7 @@ def preprocess(imagenet_dir: str | Path, lmdb_dir: str | Path, *,
     missing = [s for s in splits if not (root / s).is_dir()]
     if missing:
         raise NotFoundError(f"split folder(s) {missing} not found in {root}")
+    refuse_overlap([root / s for s in splits], lmdb_dir, holding_ok=True)
     train_classes = None
     if (root / "train").is_dir():
         with os.scandir(root / "train") as it:
@@ -141,7 +143,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
     the classes of sources labelled by index (tensorpack LMDB files)."""
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
-    from .inputs import open_source
+    from .inputs import check_source_path, open_source
 
     opt = options or WriteOptions()
     if is_url(lmdb_dir):
@@ -153,6 +155,9 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                          "supported for archive sources yet; preprocess them as JPEG, or the "
                          "extracted folder tree with --format pixels")
     out = Path(lmdb_dir)
+    for f in sources:
+        check_source_path(f)
+    refuse_overlap(sources, out, holding_ok=True)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output folder {out} is a file; name a folder (it is created "
                                 "if missing) for the .lmdb files")
@@ -160,6 +165,16 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     for f in sources:
         by_split.setdefault(split or split_of(f), []).append(Path(f))
     order = sorted(by_split, key=lambda s: (s != "train", s != "val", s))
+    for s in order:  # the files it writes (or their shards): NOTE [ outputs apart from inputs ]
+        for f in sources:
+            name = Path(f).name
+            if (os.path.realpath(Path(f).parent) == os.path.realpath(out)
+                    and (name == f"{db_name(s)}.lmdb"
+                         or name.startswith(f"{db_name(s)}-") and name.endswith(".lmdb"))):
+                raise ValueError(f"the source {f} has the name of a database file this command "
+                                 f"writes into {out} ({db_name(s)}.lmdb or its shards): "
+                                 "writing there would destroy its input, which this command "
+                                 "reads; write to another folder, or rename the source")
     train_classes = list(class_names) if class_names is not None else None
     # every split's source opened (a labels file read and checked in full, each archive's
     # kind known) before any split is written: not hours later, after train

@@ -12,8 +12,8 @@ from typing import Callable, Iterator
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
+from ..progress import progress_bar
 from ..version import __version__
 from ..read.database import file_meta, read_meta
 from ..format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
@@ -43,7 +43,7 @@ def prepare_record(data: bytes, label: int, name: str, opt: WriteOptions
     image (:func:`~seqloader.write.prepare.prepare_image` decides).  Pure; what every
     writer path's workers run."""
     p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality,
-                      restart=opt.restart_markers)
+                      restart=opt.restart_markers, max_pixels=opt.max_pixels)
     if p.data is None:
         return None, p.error or "unknown error", None
     image, shape = p.data, None
@@ -103,6 +103,8 @@ class ShardWriter:
                                 "max_size": o.max_size, "quality": o.quality,
                                 "restart_markers": o.restart_markers,
                                 "short_side": o.short_side,
+                                # NOTE [ pixel limit ] (absent: an older writer, no limit)
+                                "max_pixels": o.max_pixels,
                                 # NOTE [ restart index ] in format/jpeg.py (absent: an older writer)
                                 "restart_index": o.restart_markers,
                                 # NOTE [ source identity ] in extshuffle.py (absent: older)
@@ -286,9 +288,9 @@ class ShardWriter:
         pending: list[tuple[bytes, bytes]] = []
         pending_bytes = 0
         label = f"{self.split}" + (f" {self.shard + 1}/{opt.shards}" if opt.shards > 1 else "")
-        bar = tqdm(total=stop - start, initial=meta.next_source, unit="img", desc=label,
-                   disable=not opt.progress, dynamic_ncols=True, smoothing=0.05)
-        nbytes, t_last = 0, time.perf_counter()
+        bar = progress_bar(total=stop - start, initial=meta.next_source, unit="img",
+                           desc=label, progress=opt.progress, dynamic_ncols=True, smoothing=0.05)
+        nbytes, t_last, rate = 0, time.perf_counter(), ""
         positions = range(start + meta.next_source, stop)
         # Commits (LMDB copy + write + fsync of ~64 MB) run in a background thread while the
         # next batch is prepared; at most one is in flight, so memory stays ~2 x commit_bytes.
@@ -334,8 +336,8 @@ class ShardWriter:
                     commit()
                 now = time.perf_counter()
                 if now - t_last > 1.0:
-                    bar.set_postfix_str(f"{nbytes / (now - t_last) / 2**20:.0f} MB/s, "
-                                        f"{len(meta.bad_files)} bad")
+                    rate = f"{nbytes / (now - t_last) / 2**20:.0f} MB/s, "
+                    bar.set_postfix_str(f"{rate}{len(meta.bad_files)} bad")
                     nbytes, t_last = 0, now
             if pending:
                 commit()
@@ -343,6 +345,8 @@ class ShardWriter:
             if inflight is not None:
                 inflight.result()  # a commit in progress completes (atomically) even on Ctrl-C
             committer.shutdown()
+            # (the bar's last word: the bad count of the report, not that of its last redraw)
+            bar.set_postfix_str(f"{rate}{len(meta.bad_files)} bad", refresh=False)
             bar.close()
 
 

@@ -49,7 +49,7 @@ from ..format.files import bad_files_path, db_name, shard_path
 from ..format.keys import META_KEY
 from ..format.meta import Meta, unpack_meta
 from ..read.lmdbpages import lookup_first_leaf
-from ..read.remote import safe_url, stat_remote
+from ..read.remote import remote_extra_missing, safe_url, stat_remote
 from ..read.remotefaults import call_with_timeout, retrying
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
@@ -85,11 +85,11 @@ class Uploader:
     def __init__(self, url: str, *, staging: str | Path | None = None,
                  storage_options: dict | None = None, part_bytes: int | None = None):
         try:
-            import fsspec  # noqa: F401 - (here for the message when it is missing)
-        except ImportError:
-            raise ImportError(f"writing to {safe_url(url)} needs fsspec (and the package of its "
-                              "protocol, e.g. s3fs): in a clone of seqloader, "
-                              "pip install -c constraints.txt -e '.[remote]'") from None
+            import fsspec
+
+            fsspec.get_filesystem_class(url.split("://", 1)[0])  # (its protocol's package too)
+        except ImportError as e:
+            raise remote_extra_missing(f"writing to {safe_url(url)}", e) from None
         from ..read.remote import default_options, filesystem
 
         self.url = url.rstrip("/")

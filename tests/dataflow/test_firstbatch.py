@@ -24,8 +24,8 @@ def splits(monkeypatch):
     got: list[int] = []
     split = FeedThread._split
 
-    def counted(self, plan, gen, j, recs, slot, whole, parts):
-        done = split(self, plan, gen, j, recs, slot, whole, parts)
+    def counted(self, plan, gen, j, recs, slot, whole, parts, *counting):
+        done = split(self, plan, gen, j, recs, slot, whole, parts, *counting)
         got.append(parts if done else 0)
         return done
     monkeypatch.setattr(FeedThread, "_split", counted)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from seqloader.tools import synth
-from seqloader.tools.synth import SynthReport, make_synthetic_imagenet
+from seqloader.tools.synth import MARKER, SynthReport, make_synthetic_imagenet
 from seqloader.tools.synth_draw import draw_size, make_image
 
 HAVE_PIL = synth._pil_available()
@@ -43,8 +43,9 @@ def small(root: Path, **kw) -> SynthReport:
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every image file's bytes (the record of the options, .seqloader-synth.json, aside)."""
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
 
 
 def decode(path: Path, flags: int = cv2.IMREAD_COLOR):
@@ -212,8 +213,44 @@ def test_argument_validation(tmp_path, kw, name):
     assert not (tmp_path / "x").exists()
 
 
+def test_the_same_call_twice_is_done_once_and_another_is_refused(tmp_path, capsys):
+    """The identical command run twice used to be refused, naming an internal function."""
+    from seqloader.cli import main
+
+    argv = ["synth", str(tmp_path / "t"), "--classes", "2", "--per-class", "2",
+            "--val-per-class", "1", "--size", "small", "--no-progress"]
+    assert main(argv) == 0
+    before = tree_bytes(tmp_path / "t")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and tree_bytes(tmp_path / "t") == before, out
+    assert main(argv[:-1] + ["--seed", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "other options (seed 0 (now 3))" in err and "make_synthetic" not in err, err
+    again = small(tmp_path / "t", classes=2, per_class=2, val_per_class=1)
+    assert again.already and sum(again.counts.values()) == 6
+
+
+def test_an_interrupted_tree_is_written_again(tmp_path, monkeypatch):
+    from seqloader.tools import synth
+
+    real, calls = synth._run_task, []
+
+    def dies(task, root):
+        calls.append(task)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(task, root)
+    monkeypatch.setattr(synth, "_run_task", dies)
+    with pytest.raises(KeyboardInterrupt):
+        small(tmp_path / "a")
+    monkeypatch.setattr(synth, "_run_task", real)
+    rep = small(tmp_path / "a")
+    assert not rep.already and tree_bytes(tmp_path / "a") == tree_bytes(small(tmp_path / "b").root)
+
+
 def test_refuses_non_empty_split(tmp_path):
-    small(tmp_path, classes=1, per_class=1, val_per_class=0)
+    (tmp_path / "train" / "mine").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="not empty"):
         small(tmp_path, classes=1, per_class=1, val_per_class=0)
 

@@ -67,7 +67,7 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
     seconds, since CPU times come in clock ticks) and ``cores`` (usable by this
     process).  Rates are None when no batch was measured.
     """
-    from tqdm import tqdm
+    from ...progress import progress_bar
 
     if batches is not None and batches < 1:
         raise ValueError(f"batches must be >= 1 (or None), got {batches}")
@@ -77,8 +77,8 @@ def measure(make_iterable: Callable[[], Iterable], *, batches: int | None = None
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     count = count or _default_count
     monitor = TreeMonitor(exclude=process_tree()[1:], interval=interval).start()
-    bar = tqdm(total=(warmup + batches) if batches else None, desc=desc, unit="batch",
-               leave=False, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(total=(warmup + batches) if batches else None, desc=desc, unit="batch",
+                       leave=False, progress=progress, dynamic_ncols=True)
     iterable = iterator = None
     n_img = n_bytes = n_batches = warm = 0
     first_batch_s = None

@@ -33,6 +33,8 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
+from ...progress import progress_bar
+
 from ... import __version__
 from ...errors import OutputExistsError
 from ...format.checksum import CHECKSUM_ALGORITHM, EMPTY_CHECKSUM, chain_checksum, record_digest
@@ -138,8 +140,8 @@ def write_copy(plan: CopyPlan, values: Values, folder: str | Path, *, overwrite:
     bounds = [round(k * plan.n / plan.shards) for k in range(plan.shards + 1)]
     done = []
     ids = plan.shard_ids if plan.shard_ids is not None else range(plan.shards)
-    bar = tqdm(total=sum(bounds[k + 1] - bounds[k] for k in ids), unit="rec", desc=plan.split,
-               disable=not progress, dynamic_ncols=True, smoothing=0.05)
+    bar = progress_bar(total=sum(bounds[k + 1] - bounds[k] for k in ids), unit="rec",
+                       desc=plan.split, progress=progress, dynamic_ncols=True, smoothing=0.05)
     try:
         for k in ids:
             final = shard_path(output_file(folder, plan.split), k, plan.shards)

@@ -28,13 +28,14 @@ from typing import Any
 import cv2
 import msgpack
 import numpy as np
-from tqdm import tqdm
 
+from ...progress import progress_bar
 from ...errors import FormatError, OutputError, OutputExistsError
 from ...format.records import IMAGE_HEAD, Record, image_span, unpack_record
 from ...format.targets import decode_target
 from ...read.database import Database, open_database
 from ...read.database import path_splits
+from ...write.overlap import refuse_overlap
 from .stream import RecordStream, Selection
 
 __all__ = ["export", "ExportReport", "EXPORT_FORMATS", "tree_name", "stored_record",
@@ -192,8 +193,8 @@ def _export_split(db: Database, staging: Path, to: str, targets: str, shard_byte
     else:
         (staging / f"{split}-classes.txt").write_text("".join(f"{c}\n" for c in classes))
     nbytes = 0
-    bar = tqdm(total=db.num_records, unit="rec", desc=f"export {split}", disable=not progress,
-               dynamic_ncols=True, smoothing=0.05)
+    bar = progress_bar(total=db.num_records, unit="rec", desc=f"export {split}",
+                       progress=progress, dynamic_ncols=True, smoothing=0.05)
     try:
         for i, value in enumerate(stream(0, db.num_records)):
             rec = stored_record(value, f"{db.paths[0]} record {i}")
@@ -241,6 +242,10 @@ def export(path: str | Path, out: str | Path, *, to: str = "tree", split: str | 
         raise ValueError(f"--shard-size must be positive, got {shard_bytes}")
     out = Path(out)
     dbs = [open_database(path, s) for s in path_splits(path, split)]
+    whole = Path(os.path.abspath(out))  # (an output of ".": its name is the folder's)
+    staging = whole.with_name(whole.name + ".partial")
+    for where in (out, staging):  # (NOTE [ outputs apart from inputs ]: --overwrite removes it)
+        refuse_overlap([p for db in dbs for p in db.paths], where)
     identity = _identity(dbs, to, targets, shard_bytes)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         done = _finished(out, identity) if out.is_dir() else None
@@ -248,7 +253,6 @@ def export(path: str | Path, out: str | Path, *, to: str = "tree", split: str | 
             return done
         raise OutputExistsError(f"{out} already exists and is not this export's output; pass "
                                 "--overwrite to replace it, or choose another output folder")
-    staging = out.with_name(out.name + ".partial")
     try:
         if staging.exists():  # an interrupted export's: redone
             shutil.rmtree(staging)

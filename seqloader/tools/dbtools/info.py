@@ -65,12 +65,34 @@ def _first_records(db: Database, k: int) -> list:
         reader.close()
 
 
-def _target_repr(rec: Any, classes: list[str], kind: str) -> str:
+def _target_value(rec: Any, kind: str) -> Any:
+    """A record's target as JSON takes it, in its own type: the label (an int) of a class
+    database; a target's value (numbers, strings, lists, dicts; a numpy array as a list,
+    or, above 16 elements, a string naming its dtype and shape)."""
     if kind == "class":
-        name = classes[rec.label] if 0 <= rec.label < len(classes) else "?"
-        return f"{rec.label} ({name})"
-    t = rec.target
-    text = (f"array {t.dtype} {list(t.shape)}" if isinstance(t, np.ndarray) else repr(t))
+        return int(rec.label)
+    return _jsonable(rec.target)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist() if v.size <= 16 else f"array {v.dtype} {list(v.shape)}"
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "backslashreplace")
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def _target_text(target: Any, classes: list[str], kind: str) -> str:
+    if kind == "class":
+        name = classes[target] if 0 <= target < len(classes) else "?"
+        return f"{target} ({name})"
+    text = repr(target)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -94,7 +116,7 @@ def describe(path: str | Path, split: str | None = None) -> dict[str, Any]:
         "format_version": m0.version, "complete": all(m.complete for m in db.metas),
         "image_format": m0.image_format, "short_side": (m0.writer or {}).get("short_side"),
         "target_kind": kind,
-        "sample_targets": [_target_repr(r, db.classes, kind) for r in first],
+        "sample_targets": [_target_value(r, kind) for r in first],
         "num_classes": len(db.classes), "classes": db.classes,
         "images_per_class": None if per_class is None else {
             "min": int(per_class.min()) if len(per_class) else 0,
@@ -134,6 +156,23 @@ def _writer_options(w: dict | None) -> str:
     return ", ".join(opts)
 
 
+def _order(info: dict[str, Any]) -> str:
+    """How the records are ordered (NOTE [ order of a copy ] for the tools' copies)."""
+    tool = (info["writer"] or {}).get("tool") or {}
+    if info["shuffled"]:
+        return (f"shuffled, seed {info['seed']}" if info["seed"] is not None else
+                "shuffled (several shuffled sources in turn: no one seed)")
+    orders = tool.get("source_orders")
+    if orders and "shuffled" in orders:
+        return f"the sources' orders in turn ({', '.join(orders)})"
+    return "sorted"
+
+
+def _count_range(lo: int, hi: int) -> str:
+    """``60`` when every class has 60 images, ``55-60`` when they differ."""
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -152,13 +191,14 @@ def format_info(info: dict[str, Any]) -> str:
         ipc = info["images_per_class"]
         lines.append(f"  targets: class labels, {len(cls)} classes ({', '.join(cls[:5])}"
                      f"{', ...' if len(cls) > 5 else ''})" + (
-                         f"; {ipc['min']}-{ipc['max']} images per class"
+                         f"; {_count_range(ipc['min'], ipc['max'])} images per class"
                          + (f", {ipc['empty_classes']} empty" if ipc["empty_classes"] else "")
                          if ipc else ""))
     else:
         lines.append(f"  targets: any values ({info['target_kind']!r}; no class list)")
     if info["sample_targets"]:
-        lines.append(f"  first targets: {'; '.join(info['sample_targets'])}")
+        lines.append("  first targets: " + "; ".join(
+            _target_text(t, cls, info["target_kind"]) for t in info["sample_targets"]))
     lines.append(f"  {_mib(info['image_bytes'])} of records, {_mib(info['file_bytes'])} on disk, "
                  f"{len(info['paths'])} shard(s)")
     if len(info["shards"]) > 1:
@@ -172,7 +212,7 @@ def format_info(info: dict[str, Any]) -> str:
                      f"{rb['mean'] / 1024:.1f} KiB, 1-99 % {rb['p1'] / 1024:.1f}-"
                      f"{rb['p99'] / 1024:.1f} KiB, max {rb['max'] / 1024:.1f} KiB")
     lines += [
-        f"  order: {'shuffled, seed ' + str(info['seed']) if info['shuffled'] else 'sorted'}; "
+        f"  order: {_order(info)}; "
         f"{info['bad_files']} bad source file(s) skipped, {info['warned_files']} stored with a "
         "decoder warning",
         f"  fingerprint {info['fingerprint']}; checksum ({info['checksum_algorithm']}) "

@@ -10,9 +10,10 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import OutputExistsError
-from ...format.files import db_name, shard_path
+from ...format.files import db_name
 from ...read.database import Database, open_database, path_splits
-from .copier import CopyPlan, output_file, write_copy
+from ...write.overlap import refuse_overlap
+from .copier import CopyPlan, write_copy
 from .reshuffle import ShuffledValues
 from .stream import RecordStream, Selection, plan_fingerprint
 
@@ -57,12 +58,9 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output {out} is a file; name a folder (it is created if missing)")
-    inputs = {q.resolve() for p in parts for q in p.db.paths if isinstance(q, Path)}
+    refuse_overlap([q for p in parts for q in p.db.paths], out)
     if shards < 1:
         raise ValueError(f"--shards {shards}: give a number of files >= 1")
-    mine = {shard_path(output_file(out, split), k, shards).resolve() for k in range(shards)}
-    if (mine | {output_file(out, split).resolve()}) & inputs:
-        raise ValueError(f"{out} holds the database being read; write to another folder")
     bad_ids = [k for k in shard_ids or () if not 0 <= k < shards]
     if bad_ids:
         raise ValueError(f"--shard-ids {bad_ids} are not in 0..{shards - 1} (--shards {shards})")
@@ -72,15 +70,19 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
         raise ValueError(f"split {split!r}: no records chosen; nothing to write")
     first = parts[0].db.metas[0]
     template = dataclasses.replace(first, classes=list(classes))
-    dbs = list({id(p.db): p.db for p in parts}.values())  # the sources' skipped files
-    template.bad_files = [b for db in dbs for m in db.metas for b in m.bad_files]
-    template.warned_files = [b for db in dbs for m in db.metas for b in m.warned_files]
+    dbs = list({id(p.db): p.db for p in parts}.values())
+    template.bad_files = _once(b for db in dbs for m in db.metas for b in m.bad_files)
+    template.warned_files = _once(b for db in dbs for m in db.metas for b in m.warned_files)
     labels = stream.labels()
     fp = plan_fingerprint(op, parts, split, classes, shards, shuffle, seed if shuffle else None)
+    orders = [db.metas[0].shuffled for db in dbs]
     plan = CopyPlan(split, n, labels, template, fp, shards, shard_ids,
-                    shuffled=shuffle or (keeps_order and first.shuffled),
+                    # NOTE [ order of a copy ]
+                    shuffled=shuffle or all(orders),
                     seed=seed if shuffle else (first.seed if keeps_order else None),
-                    provenance={"command": op, **(provenance or {})})
+                    provenance={"command": op, **(provenance or {}),
+                                **({} if shuffle or keeps_order else {"source_orders": [
+                                    ("shuffled" if o else "sorted") for o in orders]})})
     values = stream
     shuffler = None
     try:
@@ -103,6 +105,27 @@ def copy_parts(parts: Sequence[Selection], out: str | Path, split: str, classes:
     ids = range(shards) if shard_ids is None else shard_ids
     written = sum(round((k + 1) * n / shards) - round(k * n / shards) for k in set(ids))
     return CopyReport(split, paths, n, list(classes), written, first.target_kind)
+
+
+# NOTE [ order of a copy ]
+# The metadata's ``shuffled`` and ``seed`` say how a copy's records are ordered: a
+# reshuffle (merge --shuffle): shuffled, its seed; one source's records in its order
+# (reshard, subset, a merge of one database): the source's flag and seed (a selection
+# of a shuffled order is in random order too); several sources in turn: shuffled when
+# every source is (the order is random, but no one seed makes it: seed None), else not,
+# with each source's order in ``writer["tool"]["source_orders"]`` for ``info``.
+
+
+def _once(entries) -> list:
+    """The sources' bad (or warned) file entries, each once: copies of one database
+    (a subset and its complement, merged) carry the same entries, which are one file."""
+    seen, out = set(), []
+    for e in entries:
+        key = tuple(e)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
 
 
 def reshard(path: str | Path, out: str | Path, *, split: str | None = None, shards: int = 1,

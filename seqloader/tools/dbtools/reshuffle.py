@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-from tqdm import tqdm
 
+from ...progress import progress_bar
 from ...write.buckets import FRAME, bucket_frames
 from ...write.extshuffle import record_keys
 
@@ -65,8 +65,8 @@ class ShuffledValues:
             self.scratch.mkdir(parents=True)
             self.buckets = [open(self.scratch / f"bucket-{b:04d}.bin", "w+b") for b in range(nb)]
         shift = np.uint64(64 - self.bits)
-        with tqdm(total=self.n, unit="rec", desc="shuffle pass 1", disable=not self.progress,
-                  dynamic_ncols=True) as bar:
+        with progress_bar(total=self.n, unit="rec", desc="shuffle pass 1",
+                          progress=self.progress, dynamic_ncols=True) as bar:
             for i, value in enumerate(self.read(0, self.n)):
                 key = self.keys[i]
                 f = self.buckets[int(key >> shift) if self.bits else 0]

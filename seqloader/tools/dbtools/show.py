@@ -29,6 +29,7 @@ from ...errors import NotFoundError, OutputExistsError
 from ...format.jpeg import jpeg_info
 from ...format.records import Record, unpack_record
 from ...read.database import Database, open_database
+from ...write.overlap import refuse_overlap
 from ...read.reader import RangeReader
 from .stream import runs
 from .subset import class_ids
@@ -231,6 +232,8 @@ def show(path: str | Path, *, split: str | None = None, count: int = 16, pick: s
         if out.exists() and not overwrite:
             raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
     db = open_database(path, split)
+    if out is not None:
+        refuse_overlap(db.paths, out, fix="name another PNG file")
     indices = pick_records(db, count, pick=pick, seed=seed, classes=classes)
     infos, images = [], []
     reader = RangeReader(db)

@@ -9,8 +9,8 @@ from typing import Any, Iterator
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
+from ...progress import progress_bar
 from ...read.database import close_env, open_database, open_env
 from ...format.checksum import EMPTY_CHECKSUM, chain_checksum, record_digest
 from ...format.meta import DIGEST_BYTES, EmptyDatabaseError, meta_digests, meta_extents
@@ -147,7 +147,7 @@ def verify_database(path: str | Path, split: str | None = None, *, workers: int 
         return _verify_remote(db, workers, progress)
     forked = _forked(workers)
     res = VerifyResult(db.num_records)
-    bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
+    bar = progress_bar(total=db.num_records, unit="img", desc="verify", progress=progress)
     for p, meta, offset in zip(db.paths, db.metas, db.offsets):
         env = open_env(p)
         try:
@@ -239,7 +239,7 @@ def _verify_remote(db: Any, workers: int, progress: bool) -> VerifyResult:
     from ...read.remote import safe_url
 
     res = VerifyResult(db.num_records)
-    bar = tqdm(total=db.num_records, unit="img", desc="verify", disable=not progress)
+    bar = progress_bar(total=db.num_records, unit="img", desc="verify", progress=progress)
     # every record is checked below and reported, not raised at the first one that
     # fails the check on arrival (NOTE [ records checked on arrival ])
     remote = dataclasses.replace(db.remote, options=dataclasses.replace(db.remote.options,

@@ -76,7 +76,7 @@ def test_refuses_other_outputs_without_overwrite(lmdb_dir, tmp_path, capsys):
     assert err.count("\n") == 1 and "seqloader reshard: error:" in err and "--overwrite" in err
     reshard(lmdb_dir, out, split="val", shards=1, overwrite=True, progress=False)
     assert [p.name for p in sorted(out.glob("*.lmdb"))] == ["ILSVRC-val.lmdb"]
-    with pytest.raises(ValueError, match="another folder"):
+    with pytest.raises(ValueError, match="folder outside it"):
         reshard(lmdb_dir, lmdb_dir, split="val", shards=1, overwrite=True, progress=False)
 
 
@@ -178,3 +178,30 @@ def test_summary_counts_what_this_run_wrote_and_names_the_target_kind(lmdb_dir, 
                 "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "train: 4 records, any targets in 2 file(s)" in out and "0 classes" not in out
+
+
+def test_a_merge_says_its_order_and_counts_each_bad_file_once(lmdb_dir, tmp_path):
+    """Two shuffled subsets merged were recorded as "order: sorted", with the source's 3
+    bad files counted twice (6)."""
+    from seqloader.tools.dbtools import describe
+    from seqloader.tools.dbtools.info import format_info
+
+    subset(lmdb_dir, tmp_path / "half", split="train", fraction=0.5, seed=7, progress=False)
+    subset(lmdb_dir, tmp_path / "rest", split="train", fraction=0.5, seed=7, complement=True,
+           progress=False)
+    merge([tmp_path / "half", tmp_path / "rest"], tmp_path / "whole", progress=False)
+    info = describe(tmp_path / "whole", "train")
+    assert info["shuffled"] and info["seed"] is None and info["bad_files"] == 3
+    text = format_info(info)
+    assert "order: shuffled (several shuffled sources in turn: no one seed); 3 bad" in text
+    # a shuffled and a sorted source in turn: neither shuffled nor sorted
+    merge([lmdb_dir / "ILSVRC-train.lmdb", lmdb_dir / "ILSVRC-val.lmdb"], tmp_path / "tv",
+          into="trainval", progress=False)
+    info = describe(tmp_path / "tv", "trainval")
+    assert not info["shuffled"] and info["bad_files"] == 3
+    assert "order: the sources' orders in turn (shuffled, sorted)" in format_info(info)
+    # one source, or a reshuffle: as before
+    assert describe(tmp_path / "half", "train")["seed"] == 0
+    merge([tmp_path / "half", tmp_path / "rest"], tmp_path / "mixed", shuffle=True, seed=5,
+          progress=False)
+    assert "order: shuffled, seed 5;" in format_info(describe(tmp_path / "mixed", "train"))
