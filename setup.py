@@ -32,6 +32,12 @@ setup(
         # the optional tests of the Lightning and accelerate integrations
         # (tests/test_integrations_*.py); README "Use with Lightning / accelerate"
         "integrations": ["lightning>=2.2", "accelerate>=0.20"],
+        # decode="gpu": torchvision's batched nvJPEG decode_jpeg(list, device=cuda:N),
+        # which takes a list of images from 0.19 on (docs/gpu.md); install the CUDA build
+        # that matches torch
+        "gpu": ["torchvision>=0.19"],
+        # reading .tar.zst archives (the standard library reads gzip, bzip2 and xz only)
+        "zstd": ["zstandard>=0.18"],
     },
     entry_points={"console_scripts": ["seqloader=seqloader.cli:main"]},
 )

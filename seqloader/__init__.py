@@ -15,7 +15,7 @@ from .dataflow.lmdbdata import LMDBData
 from .dataflow.shuffle import LocallyShuffleData
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)
-from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
+from .errors import (BadImageError, DeviceError, EmptyDatabaseError, FormatError, IncompleteError,
                      NoRecordsError, RecordError, RemoteAccessError, RemoteChangedError,
                      RemoteDataError, RemoteError, RemoteNotFoundError, RemoteTimeoutError,
                      RemoteUnreachableError, SeqloaderError, WorkerDiedError, WorkerError,
@@ -43,6 +43,6 @@ __all__ = [
     "SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError", "NoRecordsError",
     "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
     "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
-    "RecordError", "WorkerError", "WorkerDiedError",
+    "DeviceError", "RecordError", "WorkerError", "WorkerDiedError",
     "WorkerTimeoutError",
 ]

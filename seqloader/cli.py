@@ -58,6 +58,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "output is removed, splits completed before it stay)")
     p.add_argument("--max-size", type=int, metavar="PX",
                    help="re-encode images whose shorter side exceeds PX down to PX")
+    p.add_argument("--max-pixels", type=int, default=d.max_pixels, metavar="N",
+                   help="refuse images whose header claims more than N pixels, before any "
+                        "decode (decompression bombs: they are listed as bad files with "
+                        "their size; default %(default)s, Pillow's limit; 0: no limit)")
     p.add_argument("--quality", type=int, default=d.quality,
                    help="JPEG quality of re-encoded images (%(default)s)")
     p.add_argument("--restart-markers", action="store_true",
@@ -101,7 +105,8 @@ def run_preprocess(args: argparse.Namespace) -> int:
                        store_paths=not args.no_paths, shards=args.shards,
                        shard_ids=args.shard_ids, workers=args.workers,
                        overwrite=args.overwrite, progress=not args.no_progress,
-                       image_format=args.image_format, short_side=args.short_side)
+                       image_format=args.image_format, short_side=args.short_side,
+                       max_pixels=args.max_pixels or None)
     if _is_folder_tree(args.sources):
         given = [f for f, v in (("--split", args.split), ("--class-names", args.class_names),
                                 ("--memory-budget", args.memory_budget),

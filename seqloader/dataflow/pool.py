@@ -45,9 +45,8 @@ import numpy as np
 from ..errors import RecordError, SeqloaderError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, slot_views
-from .decode import batch_rng, decode_batch
+from .decode import batch_rng
 from .feedthread import Feed, FeedThread
-from .gpugather import gather_batch
 from ..workers.processgroup import ProcessGroup, kill, serve, unmap_later
 from ..workers.threads import prepare_worker
 
@@ -85,10 +84,7 @@ def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
         values = inline if inline is not None else [
             whole[offsets[i]:offsets[i + 1]].data for i in range(n)]
         rng = batch_rng(spec.seed, epoch, spec.rank, j)
-        if spec.mode == "gpu":  # gather for the main process to decode (NOTE [ GPU batches ])
-            gather_batch(spec, whole, values, indices, labels, samples, rng)
-        else:
-            decode_batch(spec, values, indices, labels, samples, rng)
+        spec.mode.fill(spec, whole, values, indices, labels, samples, rng)  # NOTE [ decode modes ]
         return ("done", epoch, j, slot)
     except RecordError as e:
         return ("error", epoch, j, slot, e)

@@ -1,8 +1,9 @@
 """The archive kinds of :mod:`.sources`: a tar of class folders, ImageNet's tar of
-per-class tars, a flat tar plus a labels file, webdataset shards (any of them gzip'd)."""
+per-class tars, a flat tar plus a labels file, webdataset shards (any of them
+compressed: NOTE [ compressed streams ])."""
 from __future__ import annotations
 
-import gzip
+import functools
 import hashlib
 import io
 import json
@@ -15,8 +16,10 @@ from typing import Iterator, Sequence
 from ..format.imagetree import is_image_file
 from .scan import read_label_lines, is_header, labels_file_exists
 
+from .layout import TreeLayout, tree_layout
 from .sources import (LABEL_EXTS, TAR_SUFFIXES, ClassSeen, Cursor, Item, Source,
-                      clean_name, open_archive, read_member, tar_stem, tar_at)
+                      clean_name, first_files, open_archive, read_member, tar_stem, tar_at)
+from .compressed import decompressed
 from .tarwalk import STREAM_ERRORS, Walk
 
 __all__ = ["TarSource", "TreeTar", "TarOfTars", "FlatTar", "WebDataset"]
@@ -34,7 +37,7 @@ class TarSource(Source):
         for k in range(start_file, len(self.files)):
             path = self.files[k]
             f, raw = open_archive(path)
-            self._direct = None if isinstance(f, gzip.GzipFile) else str(path)
+            self._direct = str(path) if isinstance(f, io.BufferedReader) else None
             base = sum(self._file_sizes[:k])
             self._walk = Walk(str(path))  # the innermost archive being read
             try:
@@ -80,8 +83,9 @@ class TarSource(Source):
 
 
 class TreeTar(TarSource):
-    """A tar of a class-folder tree: ``[top/]class/.../image``; the class is the first
-    folder (a single top folder named like the split or the archive is dropped)."""
+    """A tar of a folder tree: ``class/.../image`` under the top folders its layout says
+    (NOTE [ archive layouts ]): the class is the first folder under them, and only the
+    images of split ``split`` are read from an archive of a whole dataset folder."""
 
     kind = "tree"
 
@@ -90,43 +94,52 @@ class TreeTar(TarSource):
         self.split = split
 
     def _file_events(self, k, f, sub, where):
+        sample = [clean_name(m.name) for m in first_files(self.files[k], images=True)]
+        layout = tree_layout(sample, split=self.split, stem=tar_stem(self.files[k].name))
         tf = tar_at(f, sub[0] if sub else 0, where)
         walk = self._walk_of(where)
-        strip = None
-        folders: list[list[str]] = []  # folder members seen before ``strip`` is known
+        taken, splits, skipped = 0, set(), {}
         for m in walk.members(tf):
             name = clean_name(m.name)
             if not name:  # the archive's root entry (``./``)
                 continue
             parts = name.split("/")
             if m.isdir():  # a class folder, even an empty one (as in the extracted tree)
-                folders.append(parts)
-                if strip is not None:
-                    yield from self._folders(folders, strip, [m.offset])
+                why, rest = layout.place(parts, self.split, folder=True)
+                if why is None and len(rest) == 1 and rest[0]:
+                    yield ClassSeen(rest[0]), [m.offset]
                 continue
             if not m.isfile() or not is_image_file(parts[-1]) or any(
                     p.startswith(".") for p in parts[1:-1]):
                 continue
-            if strip is None:
-                strip = len(parts) >= 3 and parts[0] in (self.split, tar_stem(self.files[k].name))
-                yield from self._folders(folders, strip, [m.offset])
-            if strip:
-                parts = parts[1:]
-            if len(parts) < 2:
-                raise ValueError(f"{where}: image {m.name} is not inside a class folder; a tar "
-                                 "of a class tree holds class/image paths (for flat images "
-                                 "give their labels with --val-labels)")
-            yield self._item("/".join(parts), parts[0], tf, m, walk), [tf.offset]
+            why, rest = layout.place(parts, self.split)
+            if why is None:
+                taken += 1
+                yield self._item("/".join(rest), rest[0], tf, m, walk), [tf.offset]
+                continue
+            if why == "outside":
+                raise ValueError(
+                    f"{where}: image {m.name} is outside {layout.top}/, the folder the "
+                    f"archive's first images are in ({layout.describe()}); archive one folder "
+                    "tree (or extract it and preprocess the folder)")
+            if why == "other split" and layout.splits:
+                splits.add(parts[1] if layout.top is not None else parts[0])
+            skipped.setdefault(why, name)
+        self._said(where, layout, taken or bool(sub), splits, skipped)  # (resumed: not all seen)
 
-    @staticmethod
-    def _folders(folders: list[list[str]], strip: bool, cursor: list):
-        """The classes of the folder members in ``folders`` (emptied): ``[top/]class``."""
-        for parts in folders:
-            if strip:
-                parts = parts[1:]
-            if len(parts) == 1 and parts[0]:
-                yield ClassSeen(parts[0]), cursor
-        folders.clear()
+    def _said(self, where: str, layout: TreeLayout, taken: int | bool, splits: set[str],
+              skipped: dict[str, str]) -> None:
+        """After the walk: a split asked for that the dataset folder lacks stops the run; an
+        image in no class folder was skipped, as in the extracted tree (a warning)."""
+        if layout.splits and not taken:
+            raise ValueError(
+                f"{where} holds a dataset folder ({layout.describe()}) without a "
+                f"{self.split!r} split folder with images (its split folders: "
+                f"{sorted(splits) or 'none'}); give the split to read with --split")
+        if "no class folder" in skipped:
+            warnings.warn(f"{where}: image(s) not inside a class folder are skipped, as "
+                          "preprocessing the extracted folder skips them (e.g. "
+                          f"{skipped['no class folder']})", stacklevel=2)
 
 
 class TarOfTars(TarSource):
@@ -150,9 +163,12 @@ class TarOfTars(TarSource):
             else:
                 start, resume = resume, None
             inner_where = f"{where}:{m.name}"
-            inner, base = outer.extractfile(m), m.offset_data
-            if m.name.lower().endswith((".gz", ".tgz")) or m.sparse is not None:
-                inner, base = gzip.GzipFile(fileobj=inner, mode="rb"), None
+            # an inner tar is compressed (read through its decompressor) or stored as is,
+            # in one piece (its images located in the outer file) or sparse (GNU tar
+            # --sparse: tarfile fills its holes; read, not located)
+            inner = decompressed(outer.extractfile(m), inner_where)
+            stored = isinstance(inner, io.BufferedReader) and m.sparse is None
+            base = m.offset_data if stored else None
             tf = tar_at(inner, start, inner_where)
             walk = self._walk_of(inner_where)
             for im in walk.members(tf):
@@ -182,7 +198,11 @@ class FlatTar(TarSource):
         labels_file_exists(self.labels_file)
         rows = (_devkit_rows(self.labels_file) if self.labels_file.name.lower().endswith(
             TAR_SUFFIXES) else read_label_lines(self.labels_file))
-        if rows and is_header(rows[0][1], rows[0][2]):
+        # the archives' image names, read before anything is written: the labels file is
+        # checked against them, and a first line is a header only if it cannot be data
+        images = _image_names(tuple((str(f), *_stat(f)) for f in self.files))
+        known = set(images) | {os.path.splitext(n)[0] for n in images}
+        if rows and rows[0][1] not in known and is_header(rows[0][1], rows[0][2]):
             rows = rows[1:]  # a header such as "ImageId,PredictionString"
         self.label_of: dict[str, int | str] = {}
         self._line_of: dict[str, int] = {}
@@ -194,6 +214,14 @@ class FlatTar(TarSource):
             if old != label:
                 raise ValueError(f"{self.labels_file}:{lineno}: {name} is labelled twice, "
                                  "differently")
+        unlabelled = [n for n in images if n not in self.label_of
+                      and os.path.splitext(n)[0] not in self.label_of]
+        if unlabelled:
+            raise ValueError(
+                f"{len(unlabelled)} of the {len(images)} images of "
+                f"{', '.join(f.name for f in self.files)} have no line in {self.labels_file} "
+                f"(e.g. {unlabelled[:3]}); is this the labels file of these archives? Add "
+                "their labels or give the right file")
         self.check_labels()
 
     def check_labels(self) -> None:
@@ -241,6 +269,30 @@ class FlatTar(TarSource):
                 raise ValueError(f"{where}: image {name} has no line in {self.labels_file}; "
                                  "add its label (or use the labels file of this archive)")
             yield self._item(name, label, tf, m, walk), [tf.offset]
+
+
+def _stat(f: Path) -> tuple[int, int]:
+    st = f.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _image_names(files: tuple[tuple[str, int, int], ...]) -> tuple[str, ...]:
+    """The file names of the image members of flat tars (``(path, size, mtime)`` each, so
+    a changed file is read again), read once per run: a walk of the headers only."""
+    names = []
+    for path, _, _ in files:
+        f, raw = open_archive(Path(path))
+        try:
+            tf = tar_at(f, 0, path)
+            for m in Walk(path).members(tf):
+                base = clean_name(m.name).rsplit("/", 1)[-1]
+                if m.isfile() and is_image_file(base):
+                    names.append(base)
+        finally:
+            f.close()
+            raw.close()
+    return tuple(names)
 
 
 def _devkit_rows(devkit: Path) -> list[tuple[int, str, str]]:

@@ -43,6 +43,7 @@ from ..format.keys import encode_key
 from ..format.meta import file_version
 from ..format.checksum import record_digest
 from ..format.targets import is_class_label
+from ..format.imagesize import DEFAULT_MAX_PIXELS
 from .outfiles import remove_db, report_path
 from .samples import SampleOptions, prepare_sample
 from .shardwriter import existing_result, ShardWriter
@@ -212,7 +213,8 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                   verify: bool = True, target_kind: str = "auto",
                   classes: Sequence[str] | None = None, strict: bool = False,
                   overwrite: bool = False, progress: bool = True,
-                  scratch: str | Path | None = None, commit_bytes: int = 64 << 20) -> WriteReport:
+                  scratch: str | Path | None = None, commit_bytes: int = 64 << 20,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> WriteReport:
     """Write ``dataset`` -- a map-style or iterable dataset of ``(image, target)`` pairs --
     to ``out`` (a folder: ``<out>/ILSVRC-<split>.lmdb``, which ``Loader(out, split)``
     reads; or a ``.lmdb`` path), in a permutation drawn from ``seed`` (``shuffle``).
@@ -227,7 +229,9 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
     (what an interrupted run keeps).  Resumable, bad samples skipped and
     reported (``strict``: an error) -- NOTE [ writing a dataset ].  Raises
     FileExistsError rather than replace a database written differently (``overwrite``),
-    NoRecordsError if no sample could be stored."""
+    NoRecordsError if no sample could be stored.  Encoded images whose header claims more
+    than ``max_pixels`` pixels are bad samples, refused before any decode (NOTE [ pixel
+    limit ]; None: no limit)."""
     if image_format not in ("jpeg", "pixels"):
         raise ValueError(f"image_format={image_format!r}: use 'jpeg' or 'pixels'")
     mapped = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
@@ -238,7 +242,7 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                        max_size=max_size, quality=quality, store_paths=False,
                        workers=workers or (os.cpu_count() or 1) + 1, overwrite=overwrite,
                        progress=progress, image_format=image_format, short_side=short_side,
-                       commit_bytes=commit_bytes)
+                       commit_bytes=commit_bytes, max_pixels=max_pixels)
     final = _out_file(out, split)
     if final.exists() and not overwrite and not final.is_file():
         raise OutputExistsError(f"{final} is not a file; choose another output")
@@ -257,7 +261,7 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
         kind = target_kind if target_kind != "auto" else None
         spill = _Spill(Path(scratch or final.parent) / f"{final.name}.spill")
     sopt = SampleOptions(kind or "any", tuple(cls) if cls is not None else None, image_format,
-                         short_side, quality, max_size, verify)
+                         short_side, quality, max_size, verify, max_pixels)
     _CTX.update(opt=sopt, dataset=dataset)
     try:
         if spill is not None:
@@ -297,6 +301,8 @@ def _fingerprint(ident: str, split: str, order: np.ndarray, opt: WriteOptions,
     h = hashlib.blake2b(digest_size=16)
     h.update(repr(("dataset", file_version(sopt.target_kind, sopt.image_format), ident, split,
                    classes, sopt)).encode())
+    if sopt.max_pixels != DEFAULT_MAX_PIXELS:  # (the default: fingerprints as before it)
+        h.update(repr(("max_pixels", sopt.max_pixels)).encode())
     h.update(order.astype("<i8").tobytes())
     return h.hexdigest()
 

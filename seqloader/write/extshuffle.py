@@ -48,6 +48,7 @@ from .buckets import FRAME as _FRAME, bucket_frames, prepared
 from .scan import Scan, warn_single_class
 from .sources import ClassSeen, Source, close_files, read_item
 from ..errors import BadImageError, OutputExistsError
+from ..format.imagesize import DEFAULT_MAX_PIXELS
 from .options import WriteOptions, WriteReport
 from .writer import write_split
 
@@ -358,7 +359,8 @@ def source_digest(source: Source, split: str, opt: WriteOptions) -> str:
     names, split and options.  A re-run compares this digest, stored in each file's
     metadata, before it takes the files as done (without it, a re-run with another
     archive kept the old database and said "already complete")."""
-    opts = {k: v for k, v in dataclasses.asdict(opt).items() if k not in _NOT_IDENTITY}
+    opts = {k: v for k, v in dataclasses.asdict(opt).items() if k not in _NOT_IDENTITY
+            and not (k == "max_pixels" and v == DEFAULT_MAX_PIXELS)}  # (as digests before it)
     h = hashlib.blake2b(repr((source.identity(), source.classes, split,
                               sorted(opts.items()))).encode(), digest_size=16)
     for f in source.files:  # (and their ends: another archive of the same name and size)
@@ -390,9 +392,10 @@ def _already_written(out: Path, split: str, opt: WriteOptions, digest: str
         w = (meta.writer or {}) if meta else {}
         same = meta is not None and meta.complete and (
             meta.split, meta.shuffled, meta.seed if meta.shuffled else None, meta.num_shards,
-            w.get("verify"), w.get("max_size"), bool(w.get("restart_markers"))) == (
+            w.get("verify"), w.get("max_size"), bool(w.get("restart_markers")),
+            w.get("max_pixels", DEFAULT_MAX_PIXELS)) == (
             split, opt.shuffle, opt.seed if opt.shuffle else None, opt.shards, opt.verify,
-            opt.max_size, opt.restart_markers)
+            opt.max_size, opt.restart_markers, opt.max_pixels)
         if same and w.get("source") not in (None, digest):
             raise OutputExistsError(f"{f} already exists and was written from "
                                     f"{'a folder tree' if w['source'] == 'tree' else 'another'}"

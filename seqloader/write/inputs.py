@@ -3,7 +3,6 @@ file's first members, :func:`open_source` opens the source of that kind (the arc
 :mod:`seqloader.write.archives`, or the LMDB files of :mod:`seqloader.write.migrate`)."""
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 from typing import Sequence
 
@@ -11,8 +10,7 @@ from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
 from .migrate import TensorpackLMDB
 from ..errors import NotFoundError
 from ..format.imagetree import is_image_file
-from .sources import (LABEL_EXTS, TAR_SUFFIXES, Source, clean_name, open_archive, tar_at,
-                      tar_members)
+from .sources import LABEL_EXTS, TAR_SUFFIXES, Source, clean_name, first_files
 
 __all__ = ["open_source", "source_kind", "check_source_path"]
 
@@ -35,20 +33,17 @@ def check_source_path(path: str | Path) -> None:
                              "webdataset shards, LMDB files): give the folder or archive")
 
 
-def _first_files(path: Path, n: int = 32) -> list[tarfile.TarInfo]:
-    f, raw = open_archive(path)
-    try:
-        tf = tar_at(f, 0, str(path))
-        out = []
-        for m in tar_members(tf, str(path)):
-            if m.isfile():
-                out.append(m)
-            if len(out) >= n:
-                break
-        return out
-    finally:
-        f.close()
-        raw.close()
+def _sample_keys(names: list[str], *, labelled: bool = False) -> set[str]:
+    """The webdataset keys (path up to the name's first dot) of ``names`` -- of its label
+    members (``key.cls``/``key.json``) with ``labelled``.  A shard pairs each image with a
+    label of the same key; a stray ``dataset_info.json`` among class folders pairs none."""
+    keys = set()
+    for n in names:
+        d, _, base = n.rpartition("/")
+        key, _, ext = base.partition(".")
+        if not labelled or ext.lower() in LABEL_EXTS:
+            keys.add(f"{d}/{key}")
+    return keys
 
 
 def source_kind(path: str | Path, *, labels: bool = False) -> str:
@@ -57,16 +52,16 @@ def source_kind(path: str | Path, *, labels: bool = False) -> str:
     path = Path(path)
     if path.is_dir() or path.suffix in (".lmdb", ".mdb"):
         return "lmdb"
-    members = _first_files(path)
+    members = first_files(path)
     names = [clean_name(m.name) for m in members]
     if names and names[0].lower().endswith(TAR_SUFFIXES):
         return "tar-of-tars"
-    if any(n.rsplit("/", 1)[-1].partition(".")[2].lower() in LABEL_EXTS for n in names):
-        return "webdataset"
     images = [n for n in names if is_image_file(n.rsplit("/", 1)[-1])]
+    if _sample_keys(names, labelled=True) & _sample_keys(images):
+        return "webdataset"
     if labels:
         return "flat"
-    if images and "/" in images[0]:
+    if any("/" in n for n in images):  # (an image at the top is skipped, as in the tree)
         return "tree"
     raise ValueError(f"{path}: cannot tell how its images are labelled (first members: "
                      f"{names[:3]}); expected a tar of per-class tars, a tar of class "

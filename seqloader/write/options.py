@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..format.imagesize import DEFAULT_MAX_PIXELS, check_max_pixels
 from ..format.meta import IMAGE_FORMATS, PLAIN_VERSION, Meta
 from .prepare import JPEGTRAN_HELP
 from .scan import Scan
@@ -43,6 +44,8 @@ class WriteOptions:
     #: "jpeg", or "pixels": decoded uint8 RGB, shrunk to ``short_side`` (NOTE [ stored pixels ])
     image_format: str = "jpeg"
     short_side: int | None = None
+    #: images whose header claims more pixels are bad files (NOTE [ pixel limit ]); None: no limit
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -55,6 +58,7 @@ class WriteOptions:
             twice = sorted({s for s in self.shard_ids if self.shard_ids.count(s) > 1})
             if twice:
                 raise ValueError(f"shard ids {twice} are listed more than once in {self.shard_ids}")
+        check_max_pixels(self.max_pixels, "max_pixels (--max-pixels)")
         if self.max_size is not None and self.max_size < 1:
             raise ValueError(f"max_size must be a positive number of pixels, got {self.max_size}")
         if not 1 <= self.quality <= 100:
@@ -134,7 +138,10 @@ def scan_fingerprint(scan: Scan, split: str, order: np.ndarray, opt: WriteOption
     h.update(repr((PLAIN_VERSION, split, scan.classes, opt.verify, opt.max_size,
                    reencode_quality, opt.store_paths, opt.shards)
                   + ((True,) if opt.restart_markers else ())
-                  + (("pixels", opt.short_side) if opt.image_format == "pixels" else ())).encode())
+                  + (("pixels", opt.short_side) if opt.image_format == "pixels" else ())
+                  # (the default limit adds nothing: earlier fingerprints still match)
+                  + ((("max_pixels", opt.max_pixels),)
+                     if opt.max_pixels != DEFAULT_MAX_PIXELS else ())).encode())
     for i in order.tolist():  # (names that are not UTF-8 come back as their own bytes)
         h.update(f"{scan.paths[i]}\0{int(scan.labels[i])}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
@@ -155,7 +162,8 @@ def what_differs(meta: Meta, scan: Scan, opt: WriteOptions) -> str:
                 ("--restart-markers", bool(w.get("restart_markers")), opt.restart_markers),
                 ("--shards", meta.num_shards, opt.shards),
                 ("--format", meta.image_format, opt.image_format),
-                ("--short-side", w.get("short_side"), opt.short_side)]
+                ("--short-side", w.get("short_side"), opt.short_side),
+                ("--max-pixels", w.get("max_pixels", DEFAULT_MAX_PIXELS), opt.max_pixels)]
     if opt.max_size or w.get("max_size") or w.get("quality", opt.quality) != opt.quality:
         then_now.append(("--quality", w.get("quality"), opt.quality))
     diffs = [f"{flag} {say(a)} then, {say(b)} now" for flag, a, b in then_now if a != b]

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..format.decoders import check_jpeg, clean_jpeg_header, decode_any, imdecode_checked
 from ..format.imagecheck import TRUNCATED, has_jpeg_end, sniff_format
+from ..format.imagesize import DEFAULT_MAX_PIXELS, over_pixel_limit
 from ..format.jpeg import add_restart_index, jpeg_frame, jpeg_info, restart_grid
 
 __all__ = ["Prepared", "prepare_image", "decode_bgr",
@@ -172,7 +173,8 @@ def _reencoded(data: bytes, reason: str | None, *, max_size: int | None, quality
 
 
 def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = None,
-                  quality: int = 95, restart: bool = False) -> Prepared:
+                  quality: int = 95, restart: bool = False,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Prepared:
     """Decide what to store for the encoded image ``data`` (see NOTE [ what gets stored ]).
 
     With ``verify`` the image is decoded (NOTE [ decode check ]) and JPEGs must end with
@@ -182,12 +184,17 @@ def prepare_image(data: bytes, *, verify: bool = True, max_size: int | None = No
     ``verify``, only the header is inspected (a broken file may then be stored).  With
     ``restart`` the stored JPEG has restart markers in a grid (NOTE [ what gets stored
     ]; JPEGs stored as they are need ``jpegtran``, RuntimeError without it;
-    ``reencoded="restart"`` marks the lossless transcode).  Silent (NOTE [ decoder
-    chatter ] in ``decoders.py``), pure and thread-safe; the decoders release the GIL,
-    so threads parallelise this.
+    ``reencoded="restart"`` marks the lossless transcode).  An image whose header
+    claims more than ``max_pixels`` pixels is refused before anything decodes it (NOTE
+    [ pixel limit ] in ``seqloader/format/imagesize.py``; None: no limit), with its
+    size.  Silent (NOTE [ decoder chatter ] in ``decoders.py``), pure and thread-safe;
+    the decoders release the GIL, so threads parallelise this.
     """
     if not data:
         return Prepared(None, error="empty file")
+    too_big = over_pixel_limit(data, max_pixels)
+    if too_big is not None:
+        return Prepared(None, error=too_big)
     fmt = sniff_format(data)
     opts = dict(max_size=max_size, quality=quality, restart=restart)
     if fmt != "jpeg":

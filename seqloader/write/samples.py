@@ -10,13 +10,14 @@ the record holds pixels (NOTE [ stored pixels ] in ``seqloader/format/pixels.py`
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import cv2
 import numpy as np
 
 from ..format.imagecheck import sniff_format
+from ..format.imagesize import DEFAULT_MAX_PIXELS, over_pixel_limit
 from .prepare import encode_jpeg, prepare_image, shrink
 from ..format.pixels import shrink_to, to_rgb
 from ..format.records import Record, pack_record
@@ -38,6 +39,9 @@ class SampleOptions:
     quality: int = 95
     max_size: int | None = None
     verify: bool = True
+    #: NOTE [ pixel limit ]; out of the repr, which fingerprints write_dataset's databases:
+    #: the writer adds it where it is not the default
+    max_pixels: int | None = field(default=DEFAULT_MAX_PIXELS, repr=False)
 
 
 #: ``(record value, digest, decoder warning or None, label or -1)``, or
@@ -59,13 +63,17 @@ def class_label(target: Any, where: str, classes: Sequence[str] | None) -> int:
 
 def _from_bytes(data: bytes, opt: SampleOptions) -> tuple[bytes | None, Any, str | None, str | None]:
     """(image, shape or None, reencoded, warning) or (None, reason, None, None)."""
+    too_big = over_pixel_limit(data, opt.max_pixels)  # (before any decode)
+    if too_big is not None:
+        return None, too_big, None, None
     if opt.image_format == "pixels" and sniff_format(data) != "jpeg":
         bgr, text, _ = decode_any(data, sniff_format(data))  # (PNG etc.: no lossy JPEG step)
         if bgr is None:
             return None, text, None, None
         rgb = shrink_to(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), opt.short_side)
         return rgb.tobytes(), rgb.shape, None, text or None
-    p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality)
+    p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality,
+                      max_pixels=opt.max_pixels)
     if p.data is None:
         return None, p.error or "unknown error", None, None
     if opt.image_format == "pixels":

@@ -43,7 +43,7 @@ def prepare_record(data: bytes, label: int, name: str, opt: WriteOptions
     image (:func:`~seqloader.write.prepare.prepare_image` decides).  Pure; what every
     writer path's workers run."""
     p = prepare_image(data, verify=opt.verify, max_size=opt.max_size, quality=opt.quality,
-                      restart=opt.restart_markers)
+                      restart=opt.restart_markers, max_pixels=opt.max_pixels)
     if p.data is None:
         return None, p.error or "unknown error", None
     image, shape = p.data, None
@@ -103,6 +103,8 @@ class ShardWriter:
                                 "max_size": o.max_size, "quality": o.quality,
                                 "restart_markers": o.restart_markers,
                                 "short_side": o.short_side,
+                                # NOTE [ pixel limit ] (absent: an older writer, no limit)
+                                "max_pixels": o.max_pixels,
                                 # NOTE [ restart index ] in format/jpeg.py (absent: an older writer)
                                 "restart_index": o.restart_markers,
                                 # NOTE [ source identity ] in extshuffle.py (absent: older)

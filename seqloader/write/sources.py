@@ -21,7 +21,6 @@ decompressing, which is still one sequential read.
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import os
@@ -30,17 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .compressed import decompressed
+from ..format.imagetree import is_image_file
 from .tarwalk import STREAM_ERRORS, Walk
 from ..errors import DamagedArchiveError, NotFoundError
 
 __all__ = ["Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
            "TAR_SUFFIXES", "LABEL_EXTS", "open_archive", "tar_at", "tar_members", "read_member",
-           "clean_name", "tar_stem"]
+           "clean_name", "tar_stem", "first_files"]
 
 #: Read-ahead of archive files: large requests keep a disk streaming (a 128 KB
 #: request per seek would be ~10 % of an HDD's bandwidth).
 READ_BUFFER = 16 << 20
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.xz", ".txz",
+                ".tar.zst", ".tzst")
 LABEL_EXTS = ("cls", "json")
 
 
@@ -159,14 +161,18 @@ def _size(p: Path) -> int:
 
 
 def open_archive(path: Path) -> tuple[io.IOBase, io.FileIO]:
-    """(the tar's byte stream, the raw file under it) -- decompressed if gzip'd."""
+    """(the tar's byte stream, the raw file under it) -- decompressed if gzip'd, bzip2'd,
+    xz'd or zstd'd (NOTE [ compressed streams ]); the stream is the buffered raw file
+    itself (a :class:`io.BufferedReader`) only when the tar is stored as is."""
     raw = io.FileIO(path, "rb")
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(raw.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
     buffered = io.BufferedReader(raw, READ_BUFFER)
-    if buffered.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=buffered, mode="rb"), raw
-    return buffered, raw
+    try:
+        return decompressed(buffered, str(path)), raw
+    except BaseException:
+        raw.close()
+        raise
 
 
 def tar_at(fileobj: io.IOBase, offset: int, where: str) -> tarfile.TarFile:
@@ -178,6 +184,24 @@ def tar_at(fileobj: io.IOBase, offset: int, where: str) -> tarfile.TarFile:
         raise DamagedArchiveError(f"{where}: not a readable tar at byte {offset:,} ({e}); "
                                   "check that the download is complete (compare its size or "
                                   "checksum)") from None
+
+
+def first_files(path: Path, n: int = 32, *, images: bool = False) -> list[tarfile.TarInfo]:
+    """The first ``n`` file members of the tar ``path`` (only image files: ``images``),
+    read from its start: what tells its kind and layout before it is read."""
+    f, raw = open_archive(path)
+    try:
+        tf = tar_at(f, 0, str(path))
+        out = []
+        for m in tar_members(tf, str(path)):
+            if m.isfile() and (not images or is_image_file(m.name.rsplit("/", 1)[-1])):
+                out.append(m)
+            if len(out) >= n:
+                break
+        return out
+    finally:
+        f.close()
+        raw.close()
 
 
 def tar_members(tf: tarfile.TarFile, where: str) -> Iterator[tarfile.TarInfo]:

@@ -18,13 +18,14 @@ import tarfile
 import zlib
 from typing import Iterator
 
+from .compressed import CorruptStreamError
 from ..errors import DamagedArchiveError, FormatError
 
 __all__ = ["Walk", "LinkError", "STREAM_ERRORS", "BLOCK"]
 
 BLOCK = 512
 #: What a damaged or cut tar or gzip stream raises while it is read.
-STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, tarfile.TarError)
+STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, tarfile.TarError, CorruptStreamError)
 _CHUNK = 1 << 20
 
 
@@ -45,7 +46,8 @@ class Walk:
         last = repr(self.last) if self.last is not None else "none"
         return DamagedArchiveError(
             f"{self.where}: damaged or cut short{at}: {what} (last member read: {last}); "
-            "download or copy it again (`tar -tvf` and `gzip -t` show the damage)")
+            "download or copy it again (`tar -tvf` shows the damage; `gzip -t`, `bzip2 -t`, "
+            "`xz -t` or `zstd -t` that of a compressed one)")
 
     def members(self, tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         """The members of ``tf`` in order, without the TarFile keeping a list of them (1.28 M

@@ -3,8 +3,11 @@ damaged many ways; each case ends with exit 0 and every record, or exit 2 and on
 of error without a traceback -- never a smaller database with exit 0, never a signal."""
 from __future__ import annotations
 
+import bz2
 import gzip
+import importlib.util
 import io
+import lzma
 import json
 import os
 import pickle
@@ -94,6 +97,18 @@ def _tensorpack_lmdb(path: Path, images) -> None:
     env.close()
 
 
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(write_checksum=True).compress(data)
+
+
+#: The compressions besides gzip a tar is read through (zstd where zstandard is installed).
+_COMPRESSORS = {"bz2": bz2.compress, "xz": lzma.compress}
+if importlib.util.find_spec("zstandard") is not None:
+    _COMPRESSORS["zst"] = _zstd
+
+
 def build_sources(root: Path) -> dict[str, tuple[Path, list[str]]]:
     """Each source kind: (the file to damage, the rest of its command line)."""
     images = _images()
@@ -104,6 +119,9 @@ def build_sources(root: Path) -> dict[str, tuple[Path, list[str]]]:
     out["tree tar"] = root / "tree.tar", ["--split", "train"]
     (root / "tree.tar.gz").write_bytes(gzip.compress(_tar(tree), mtime=0))
     out["tree tar.gz"] = root / "tree.tar.gz", ["--split", "train"]
+    for suffix, compress in _COMPRESSORS.items():
+        (root / f"tree.tar.{suffix}").write_bytes(compress(_tar(tree)))
+        out[f"tree tar.{suffix}"] = root / f"tree.tar.{suffix}", ["--split", "train"]
     (root / "tars.tar").write_bytes(_tar([(f"{c}.tar", _tar(images[c])) for c in CLASSES]))
     out["tar of tars"] = root / "tars.tar", ["--split", "train"]
     shard = []
@@ -146,8 +164,8 @@ def damages(kind: str, data: bytes, rng: random.Random) -> list[tuple[str, bytes
         return bytes(b)
 
     out = [("empty", b""), ("cut to 100 bytes", data[:100]),
-           ("cut before the end blocks", data[:len(data) - 2048 if kind != "tree tar.gz"
-                                              else len(data) - 8]),
+           ("cut before the end blocks", data[:len(data) - 2048 if not kind.startswith(
+               "tree tar.") else len(data) - 8]),
            ("junk after the end", data + b"junk" * 300)]
     if kind == "tensorpack lmdb":
         psize = 4096
@@ -158,7 +176,7 @@ def damages(kind: str, data: bytes, rng: random.Random) -> list[tuple[str, bytes
                 ("zeroed meta 0", zero(0, psize))]
         out += [(f"zeroed page {p}", zero(p * psize, psize)) for p in range(2, pages)]
         return out
-    if kind == "tree tar.gz":
+    if kind.startswith("tree tar."):  # compressed: gzip, bz2, xz, zst
         n = len(data)
         out += [("trailer CRC flipped", flip(n - 8)), ("trailer length flipped", flip(n - 2)),
                 ("header flipped", flip(3)), ("cut inside the trailer", data[:n - 3])]

@@ -220,7 +220,8 @@ def test_image_too_large_for_opencv_is_a_bad_file_not_a_crash(tmp_path):
     """A header claiming more pixels than OpenCV's limit (2**30) makes cv2.imdecode raise
     cv2.error instead of returning None: it must be a bad file whose reason names the
     OPENCV_IO_MAX_IMAGE_PIXELS variable, and the run must go on (it used to die with a
-    worker's traceback and leave a .partial no re-run got past)."""
+    worker's traceback and leave a .partial no re-run got past).  (Our own pixel limit,
+    far lower, refuses such a file first: lifted here, max_pixels=None.)"""
     import struct
 
     from seqloader import WriteOptions, preprocess
@@ -231,8 +232,9 @@ def test_image_too_large_for_opencv_is_a_bad_file_not_a_crash(tmp_path):
     sof = jpeg.index(b"\xff\xc0")
     jpeg[sof + 5:sof + 9] = struct.pack(">HH", 40000, 40000)
     jpeg = bytes(jpeg)
-    for p in (prepare_image(png), prepare_image(png, verify=False),
-              prepare_image(jpeg, max_size=256)):  # --max-size: decoded in full to shrink
+    for p in (prepare_image(png, max_pixels=None),
+              prepare_image(png, verify=False, max_pixels=None),  # --max-size: decoded in full
+              prepare_image(jpeg, max_size=256, max_pixels=None)):
         assert p.data is None
         assert "too large for OpenCV" in p.error and "OPENCV_IO_MAX_IMAGE_PIXELS" in p.error
     assert "OPENCV_IO_MAX_IMAGE_PIXELS" in check_stored(png)  # seqloader verify's check
@@ -245,7 +247,7 @@ def test_image_too_large_for_opencv_is_a_bad_file_not_a_crash(tmp_path):
     (tmp_path / "src" / "train" / "a" / "huge.png").write_bytes(png)
     with pytest.warns(UserWarning, match="1 file"):
         rep, = preprocess(tmp_path / "src", tmp_path / "out",
-                          options=WriteOptions(progress=False, workers=2))
+                          options=WriteOptions(progress=False, workers=2, max_pixels=None))
     assert rep.num_records == 6 and not list((tmp_path / "out").glob("*.partial"))
     path, reason = (tmp_path / "out" / "ILSVRC-train.lmdb.bad-files.tsv").read_text() \
         .rstrip("\n").split("\t")
