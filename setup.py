@@ -27,11 +27,17 @@ setup(
         # webdataset's own reader of `seqloader export --format webdataset`'s shards
         "test-extras": ["webdataset>=0.2"],
         "plot": ["matplotlib>=3.5"],
+        # parquet sources (Hugging Face's imagenet-1k data/*.parquet): Arrow's reader
+        "parquet": ["pyarrow>=13"],
         # reading databases at URLs (s3://, https://, ...: any fsspec protocol)
         "remote": ["fsspec>=2023.1", "s3fs>=2023.1", "aiohttp>=3.8"],
         # the optional tests of the Lightning and accelerate integrations
         # (tests/test_integrations_*.py); README "Use with Lightning / accelerate"
         "integrations": ["lightning>=2.2", "accelerate>=0.20"],
+        # decode="gpu": torchvision's batched nvJPEG decode_jpeg(list, device=cuda:N),
+        # which takes a list of images from 0.19 on (docs/gpu.md); install the CUDA build
+        # that matches torch
+        "gpu": ["torchvision>=0.19"],
         # reading .tar.zst archives (the standard library reads gzip, bzip2 and xz only)
         "zstd": ["zstandard>=0.18"],
     },

@@ -17,7 +17,7 @@ from .dataflow.shuffle import LocallyShuffleData
 from .dataflow.stats import format_stats
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)
-from .errors import (BadImageError, EmptyDatabaseError, FormatError, IncompleteError,
+from .errors import (BadImageError, DeviceError, EmptyDatabaseError, FormatError, IncompleteError,
                      NoRecordsError, RecordError, RemoteAccessError, RemoteChangedError,
                      RemoteDataError, RemoteError, RemoteNotFoundError, RemoteTimeoutError,
                      RemoteUnreachableError, SeqloaderError, WorkerDiedError, WorkerError,
@@ -46,6 +46,6 @@ __all__ = [
     "SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError", "NoRecordsError",
     "BadImageError", "RemoteError", "RemoteTimeoutError", "RemoteUnreachableError",
     "RemoteAccessError", "RemoteNotFoundError", "RemoteChangedError", "RemoteDataError",
-    "RecordError", "WorkerError", "WorkerDiedError",
+    "DeviceError", "RecordError", "WorkerError", "WorkerDiedError",
     "WorkerTimeoutError",
 ]

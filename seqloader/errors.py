@@ -19,6 +19,7 @@ before the hierarchy existed (``ValueError``, ``RuntimeError``, ``OSError``,
         RemoteNotFoundError (NotFoundError)   404: no such bucket, key or split
         RemoteChangedError                    the file changed since it was opened
         RemoteDataError                       bytes that fail the format's checks
+      DeviceError (RuntimeError)        decode="gpu" cannot run here (torchvision, nvJPEG, memory)
       WorkerError (RuntimeError)        the work of the worker pool failed
         RecordError                     one record / datapoint failed (any num_workers)
         WorkerDiedError                 a worker process died
@@ -41,7 +42,7 @@ __all__ = ["SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseErr
            "DamagedArchiveError", "NotFoundError", "OutputExistsError", "MissingExtraError",
            "NoRecordsError", "BadImageError", "RemoteError", "RemoteTimeoutError",
            "RemoteUnreachableError", "RemoteAccessError", "RemoteNotFoundError",
-           "RemoteChangedError", "RemoteDataError", "WorkerError", "RecordError",
+           "RemoteChangedError", "RemoteDataError", "DeviceError", "WorkerError", "RecordError",
            "WorkerDiedError", "WorkerTimeoutError", "RemoteTraceback", "USER_ERRORS", "one_line"]
 
 
@@ -132,6 +133,12 @@ class RemoteChangedError(RemoteError):
 class RemoteDataError(RemoteError):
     """Bytes read over the network fail the format's checks (a record that does not
     unpack, or whose label differs from the metadata's)."""
+
+
+class DeviceError(SeqloaderError, RuntimeError):
+    """The device cannot decode here: torchvision missing or older than 0.19, no nvJPEG,
+    the device out of memory (``decode="gpu"``, NOTE [ GPU setup ]) -- a fault of the
+    setup, not of a record."""
 
 
 class WorkerError(SeqloaderError, RuntimeError):

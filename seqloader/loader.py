@@ -28,8 +28,8 @@ from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchData, BatchSpec
 from .dataflow.delivery import Delivery
 from .dataflow.diagnosis import Diagnose
-from .dataflow.gpudecode import DecodeStats, GPUDecoder
-from .dataflow.gpugather import GPUOptions, gpu_options
+from .dataflow.gpugather import GPUOptions
+from .dataflow.modechoice import decode_mode
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.passes import Pass
 from .dataflow.remainder import Rest, Segment, rest_plan
@@ -59,7 +59,10 @@ class Loader(TrainerFacing, Measured):
     fixed-shape array; batches are stacked to tensors (float32 ``[B,3,H,W]`` for
     ToTensor+Normalize).  ``transform=None`` yields ``(list of encoded bytes, labels)``.
     ``decode="gpu"`` (with ``device``) leaves the decoding of a standard recipe to the
-    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`).
+    device -- nvJPEG, the same crop boxes (:mod:`seqloader.dataflow.gpudecode`); the
+    device gets an explicit index and the decoder is checked here, so a missing or old
+    torchvision or a build without nvJPEG raises :class:`~seqloader.errors.DeviceError`
+    now (NOTE [ GPU setup ] in :mod:`seqloader.dataflow.gpumode`).
     A database of any targets (``seqloader.write_dataset``) yields ``(images,
     default_collate(targets))``; ``collate_fn`` (as DataLoader's) gets
     ``[(image, target), ...]`` instead, each image one sample of the batch
@@ -123,7 +126,6 @@ class Loader(TrainerFacing, Measured):
                              seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                              warmup=warmup, timeout=timeout, start_method=start_method, io=io,
                              output=output)
-        gpu = gpu_options(decode, transform, output, device)
         check_max_pixels(max_pixels)
         # a URL (s3://, https://...) is read remotely (NOTE [ remote reading ])
         p = imagenet_dir if is_url(imagenet_dir) else Path(imagenet_dir)
@@ -132,6 +134,13 @@ class Loader(TrainerFacing, Measured):
             rank = 0  # (one process reads everything: nothing to ask torch.distributed)
         if rank is None or world_size is None:
             drank, dworld = dist_rank_world()
+        rank = drank if rank is None else rank
+        world_size = dworld if world_size is None else world_size
+        # NOTE [ decode modes ]: chosen once; the GPU mode checks its device here
+        mode = decode_mode(decode, transform, output=output, device=device, rank=rank,
+                           world_size=world_size)
+        if mode.device is not None:
+            device = mode.device  # (an explicit index: NOTE [ GPU setup ])
         pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not pin:
             warnings.warn("pin_memory=True but no CUDA device is available; not pinning",
@@ -141,12 +150,11 @@ class Loader(TrainerFacing, Measured):
             transform=transform, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
             cache=cache, drop_last=drop_last, seed=seed, chunk_size=chunk_size, pin_memory=pin,
             prefetch=prefetch, timeout=timeout, persistent_workers=persistent_workers,
-            start_method=start_method, rank=drank if rank is None else rank,
-            world_size=dworld if world_size is None else world_size,
+            start_method=start_method, rank=rank, world_size=world_size,
             target_transform=target_transform, output=output,
             device=torch.device(device) if device is not None else None,
             even=shuffle if even is None else even, warmup=warmup,
-            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, gpu=gpu,
+            prefetch_bytes=prefetch_bytes, io=io, collate_fn=collate_fn, decode=mode,
             max_pixels=max_pixels)
         s = self.settings
         check_plan(batch_size=s.batch_size, chunk_size=s.chunk_size, world_size=s.world_size,
@@ -163,7 +171,6 @@ class Loader(TrainerFacing, Measured):
         self._warned: int | None = None  # the epoch a DataWaitWarning was given for
         self._stages = self._build()
         self._delivery: Delivery | None = None  # (while the stages are reset for iterating)
-        self._gpu_decoder: GPUDecoder | None = None  # (decode="gpu": one per reset pipeline)
         # the iteration in progress, weakly: the generator's frame refers to the loader,
         # and a strong reference back would keep a dropped loader (and its workers)
         # alive until the cyclic GC runs
@@ -190,14 +197,14 @@ class Loader(TrainerFacing, Measured):
         df: Any = LMDBData(self.db, shuffle=s.shuffle, chunk_size=s.chunk_size, seed=s.seed,
                            rank=s.rank, world_size=s.world_size, even=s.even,
                            prefetch_bytes=s.prefetch_bytes, io=s.io,
-                           fault_in=s.in_process and s.gpu is None)
+                           fault_in=s.in_process and s.decode.reads_in_place)
         if s.shuffle:
             df = LocallyShuffleData(df, s.cache, warmup=self.warmup)
         df = BatchData(df, s.batch_size, remainder=not s.drop_last)
         engine = MultiProcessMapAndBatchData(
             df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
             prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
-            read_ahead=s.persistent_workers, gpu=s.gpu, max_pixels=s.max_pixels)
+            read_ahead=s.persistent_workers, decode=s.decode, max_pixels=s.max_pixels)
         engine.counters = self._meter.counters
         return engine
 
@@ -210,10 +217,7 @@ class Loader(TrainerFacing, Measured):
             s = self.settings
             self._delivery = Delivery(self._stages, pin_memory=s.pin_memory, device=s.device,
                                       collate_fn=s.collate_fn)
-            if s.gpu is not None:  # (its recipe and stream; the counts go on)
-                stats = self._gpu_decoder.stats if self._gpu_decoder is not None else None
-                self._gpu_decoder = GPUDecoder(self._stages.spec, s.device, db=self.db)
-                self._gpu_decoder.stats = stats or self._gpu_decoder.stats
+            s.decode.reset()  # (its main-process state is remade after the workers start)
         return self._stages
 
     @property
@@ -232,13 +236,11 @@ class Loader(TrainerFacing, Measured):
         return self._stages.spec
 
     @property
-    def decode_stats(self) -> DecodeStats | None:
-        """With ``decode="gpu"``: images decoded on the device and those the workers
-        rendered instead, by reason (:class:`~seqloader.dataflow.gpudecode.DecodeStats`);
+    def decode_stats(self) -> Any:
+        """With ``decode="gpu"``: images decoded on the device and those decoded on the
+        CPU instead, by reason (:class:`~seqloader.dataflow.gpudecode.DecodeStats`);
         None otherwise."""
-        if self.settings.gpu is None:
-            return None
-        return self._gpu_decoder.stats if self._gpu_decoder is not None else DecodeStats()
+        return self.settings.decode.stats
 
     @property
     def workers(self) -> WorkerPool | None:
@@ -350,26 +352,22 @@ class Loader(TrainerFacing, Measured):
     def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int, first: int,
                    plan: EpochPlan | None) -> Iterator[tuple[int, Any]]:
         """``(j, batch)`` for batches ``j >= first`` of ``epoch`` (of ``plan``: a rest),
-        as the caller gets them, each timed (NOTE [ pipeline counters ])."""
+        as the caller gets them (NOTE [ decode modes ]), each timed (NOTE [ pipeline
+        counters ]: ``got`` is when the mode took the batch from the workers)."""
+        engine.start()  # (in this thread, which outlives any thread the mode runs)
         sizes = (plan if plan is not None else engine.plan(epoch)).batch_sizes
-        clock = time.perf_counter
+        clock, got = time.perf_counter, [0.0]
+
+        def arrivals(batches: Iterator[Any]) -> Iterator[Any]:
+            for batch in batches:
+                got[0] = clock()
+                yield batch
+                del batch  # (its views of the buffer)
+
         t = clock()
-        if self._gpu_decoder is not None:  # NOTE [ GPU stream ]
-            engine.start()  # (in this thread, which outlives the decode thread)
-            for j, batch in self._gpu_decoder.batches(engine.run(epoch, first, plan)):
-                got = clock()
-                out = self._delivery.collated(batch)
-                self._counted(int(sizes[j]), t, got)
-                yield j, out
-                t = clock()
-            return
-        deliver = self._delivery
-        for batch in engine.run(epoch, first, plan):
-            got = clock()
-            out = deliver(batch)
-            j = batch.index
-            del batch  # (its views of the buffer)
-            self._counted(int(sizes[j]), t, got)
+        for j, out in self.settings.decode.delivered(arrivals(engine.run(epoch, first, plan)),
+                                                     self._delivery):
+            self._counted(int(sizes[j]), t, min(got[0], clock()) if got[0] > t else t)
             yield j, out
             t = clock()
 

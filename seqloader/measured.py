@@ -68,4 +68,4 @@ class Measured:
             return None
         s = self.settings
         return diagnose(d, workers=0 if s.in_process else s.num_workers,
-                        gpu=s.gpu is not None, remote=self.db.remote is not None)
+                        gpu=getattr(s.decode, "device", None) is not None, remote=self.db.remote is not None)

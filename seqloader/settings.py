@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .format.imagesize import DEFAULT_MAX_PIXELS
-from .read.direct import choose as choose_io
+from .read.iomode import choose as choose_io
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, check_count
 
 __all__ = ["LoaderSettings", "dist_rank_world"]
@@ -43,8 +43,9 @@ class LoaderSettings:
     prefetch_bytes: int = 128 << 20
     io: str = "auto"
     collate_fn: Callable | None = None
-    #: ``decode="gpu"``: its :class:`~seqloader.dataflow.gpugather.GPUOptions`; None: the CPU
-    gpu: Any = None
+    #: how batches are decoded: a :class:`~seqloader.dataflow.decodemode.DecodeMode`
+    #: (NOTE [ decode modes ]), chosen once from ``decode``, ``transform`` and ``device``
+    decode: Any = None
     #: NOTE [ pixel limit ]: a record whose image claims more pixels is a RecordError
     max_pixels: int | None = DEFAULT_MAX_PIXELS
 
@@ -70,8 +71,10 @@ class LoaderSettings:
 
     @property
     def in_process(self) -> bool:
-        """Batches are made in the iterating process: raw mode (no transform) or no workers."""
-        return self.transform is None or self.num_workers == 0
+        """Batches are made in the iterating process: the decode mode says so (raw
+        batches: no transform) or no workers."""
+        return (self.decode.in_process if self.decode is not None else self.transform is None
+                ) or self.num_workers == 0
 
 
 def dist_rank_world() -> tuple[int, int]:

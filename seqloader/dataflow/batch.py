@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
@@ -17,6 +17,9 @@ from ..format.imagesize import DEFAULT_MAX_PIXELS
 from ..read.plan import EpochPlan, check_count, num_batches, plan_epoch
 from . import targetregion as _targets
 from .base import DataFlow, ProxyDataFlow
+
+if TYPE_CHECKING:
+    from .decodemode import DecodeMode
 
 __all__ = ["BatchSpec", "Batch", "BatchData", "slot_views"]
 
@@ -27,18 +30,18 @@ EncodedBatch = list[tuple[int, memoryview]]
 class BatchSpec:
     """What a worker needs to fill a batch buffer; picklable, sent to each worker once.
 
-    ``mode`` is ``"raw"`` (encoded bytes are the batch), ``"decode"`` or ``"gpu"`` (the
-    workers gather the batch for the main process to decode: NOTE [ GPU batches ] in
-    :mod:`seqloader.dataflow.gpugather`; ``fused`` writes uint8 fallback samples).  In decode
-    mode exactly one of ``fused`` (a :class:`~seqloader.transforms.FusedPipeline`)
-    and ``transform`` (``callable(img_rgb_uint8, rng) -> array``) is set, and every
-    sample has ``sample_shape``/``sample_dtype``.  ``seed`` and ``rank`` seed the
-    batches' generators (:func:`~seqloader.dataflow.decode.batch_rng`); ``mean_record`` (the database's mean
-    encoded record, bytes) sizes the buffers' tail.  The reader's settings (cache,
-    I/O, chunks) are the stages' (:mod:`seqloader.dataflow.stages`), not the workers'.
+    ``mode`` is the :class:`~seqloader.dataflow.decodemode.DecodeMode` that fills it
+    (NOTE [ decode modes ]).  Where samples are decoded exactly one of ``fused`` (a
+    :class:`~seqloader.transforms.FusedPipeline`) and ``transform``
+    (``callable(img_rgb_uint8, rng) -> array``) is set, and every sample has
+    ``sample_shape``/``sample_dtype``.  ``seed`` and ``rank`` seed the batches'
+    generators (:func:`~seqloader.dataflow.decode.batch_rng`); ``mean_record`` (the
+    database's mean encoded record, bytes) sizes the buffers' tail.  The reader's
+    settings (cache, I/O, chunks) are the stages' (:mod:`seqloader.dataflow.stages`), not
+    the workers'.
     """
 
-    mode: str
+    mode: DecodeMode
     batch_size: int
     seed: int = 0
     rank: int = 0
@@ -52,8 +55,6 @@ class BatchSpec:
     target_kind: str = "class"
     #: the labels region's size for "any" targets (``targets.labels_nbytes``)
     target_nbytes: int = 0
-    #: mode "gpu": the :class:`~seqloader.dataflow.gpugather.GPUOptions` (NOTE [ GPU batches ])
-    gpu: Any = None
     #: the records hold stored pixels (NOTE [ stored pixels ])
     stored_pixels: bool = False
     #: an image whose header claims more pixels is a RecordError before any decode (NOTE
@@ -62,9 +63,9 @@ class BatchSpec:
 
     @property
     def keeps_inputs(self) -> bool:
-        """The records must outlive the workers' pass (mode "gpu": the main process
-        decodes them), so they lie after the samples region, not over it."""
-        return self.mode == "gpu"
+        """The records must outlive the workers' pass (the mode's main-process part
+        reads them), so they lie after the samples region, not over it."""
+        return self.mode.keeps_inputs
 
     @property
     def sample_nbytes(self) -> int:
@@ -147,12 +148,12 @@ class Batch:
     labels: np.ndarray
     #: the decoded samples, ``[n, *sample_shape]``
     samples: np.ndarray
-    #: raw mode: the encoded images (``samples`` is then unused); else None
+    #: the encoded images where they are the batch (``samples`` is then unused); else None
     raw: list[bytes] | None = None
     #: the worker pool's buffer holding it, or None (made in this process)
     slot: int | None = None
-    #: mode "gpu": the whole batch buffer (uint8) the samples' records lie in (NOTE [ GPU
-    #: batches ]); else None
+    #: the whole batch buffer (uint8) the samples' records lie in (NOTE [ GPU batches ]),
+    #: or None
     whole: np.ndarray | None = None
 
 

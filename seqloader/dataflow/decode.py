@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
@@ -22,8 +22,8 @@ from ..format.pixels import image_source
 from . import targetregion as _targets
 from .batch import BatchSpec
 
-__all__ = ["RecordError", "batch_rng", "decode_batch", "callers_rngs_kept", "record_error",
-           "seed_global_rngs", "check_pixels"]
+__all__ = ["RecordError", "batch_rng", "decode_records", "decode_batch", "callers_rngs_kept",
+           "record_error", "seed_global_rngs", "check_pixels"]
 
 
 def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
@@ -92,22 +92,15 @@ def _label(value: Any) -> int:
 _RUN = 16
 
 
-def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
-                 labels: np.ndarray, samples: np.ndarray, rng: np.random.Generator
-                 ) -> list[bytes] | None:
-    """Parse each record value; write labels (after ``target_transform``; for "any"
+def decode_records(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
+                   labels: np.ndarray, take: Callable[[int, int, dict, Any], None],
+                   after: Callable[[bool], None] | None = None) -> None:
+    """Parse each record value; write its label (after ``target_transform``; for "any"
     targets, the packed targets into the region ``labels``: NOTE [ target region ] in
-    ``targets.py``) and, in decode mode, each transformed image into ``samples``
-    (stored pixels are not decoded: NOTE [ stored pixels ]).  Raw mode returns the image bytes.
-    Raises :class:`RecordError` naming the record (index and source path).  Every record
-    is unpacked (copied) before its sample is written: the records may lie in the
-    samples region of the same buffer (NOTE [ batch buffer layout ]); fused samples are
-    drawn a run at a time, then decoded (NOTE [ draw, then decode ])."""
-    raw: list[bytes] = []
-    if spec.transform is not None:
-        _seed_global_rngs(rng)
-    fused = spec.fused if spec.mode != "raw" else None
-    run: list[tuple[int, Any, Any]] = []  # (record, where, prepared) drawn, not decoded
+    ``targets.py``) and hand ``take(i, index, record, image)`` its image (stored pixels:
+    an array, NOTE [ stored pixels ]).  ``after(last)`` runs after each record, outside
+    its error handling (``last`` for the final call).  Raises :class:`RecordError` naming
+    the record (index and source path)."""
     targets: list[Any] = []  # of "any" targets (NOTE [ target region ])
     for i, (value, idx) in enumerate(zip(values, indices)):
         rec: Any = {}
@@ -119,26 +112,45 @@ def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
             else:
                 label = rec["label"]
                 labels[i] = _label(spec.target_transform(label)) if spec.target_transform else label
-            if spec.mode == "raw":
-                raw.append(data)
-                continue
-            check_pixels(data, spec.max_pixels)  # (before any decode)
-            if fused is not None:
-                run.append((i, (idx, rec.get("path")), fused.prepare(data, rng)))
-            else:
-                _generic(spec, data, samples[i], rng)
+            take(i, idx, rec, data)
         except Exception as e:
             raise record_error(e, idx, rec.get("path") if isinstance(rec, dict) else None) from e
-        if len(run) == _RUN:
-            _finish(fused, run, samples)
-    if run:
-        _finish(fused, run, samples)
+        if after is not None:
+            after(False)
+    if after is not None:
+        after(True)
     if spec.target_kind == "any":  # every record is read: the region may overlap them
         try:
             _targets.store_targets(labels, targets)
         except Exception as e:
             raise record_error(e, indices[0] if len(indices) else -1, None) from e
-    return raw if spec.mode == "raw" else None
+
+
+def decode_batch(spec: BatchSpec, values: Sequence[Any], indices: Sequence[int],
+                 labels: np.ndarray, samples: np.ndarray, rng: np.random.Generator) -> None:
+    """Decode and transform each record into ``samples`` (labels as :func:`decode_records`
+    writes them; stored pixels are not decoded: NOTE [ stored pixels ]).  Every record
+    is unpacked (copied) before its sample is written: the records may lie in the
+    samples region of the same buffer (NOTE [ batch buffer layout ]); fused samples are
+    drawn a run at a time, then decoded (NOTE [ draw, then decode ]).  Raises
+    :class:`RecordError` naming the record."""
+    if spec.transform is not None:
+        _seed_global_rngs(rng)
+    fused = spec.fused
+    run: list[tuple[int, Any, Any]] = []  # (record, where, prepared) drawn, not decoded
+
+    def take(i: int, idx: int, rec: dict, data: Any) -> None:
+        check_pixels(data, spec.max_pixels)  # (before any decode)
+        if fused is not None:
+            run.append((i, (idx, rec.get("path")), fused.prepare(data, rng)))
+        else:
+            _generic(spec, data, samples[i], rng)
+
+    def after(last: bool) -> None:
+        if len(run) == _RUN or (last and run):
+            _finish(fused, run, samples)
+
+    decode_records(spec, values, indices, labels, take, after)
 
 
 def _finish(fused: Any, run: list[tuple[int, Any, Any]], samples: np.ndarray) -> None:

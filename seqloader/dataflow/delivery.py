@@ -29,19 +29,29 @@ class Delivery:
         self.collate_fn = collate_fn
 
     def __call__(self, batch: Batch) -> Any:
+        """A batch of decoded samples: tensors of its buffer (NOTE [ zero-copy batches ])."""
+        return self._deliver(batch, self._materialize)
+
+    def raw(self, batch: Batch) -> Any:
+        """A batch of encoded images: ``(list of bytes, labels)``."""
+        return self._deliver(batch, lambda dtype, labels_v, b: (
+            b.raw, torch.from_numpy(labels_v.copy())))
+
+    def _deliver(self, batch: Batch, materialize: Callable) -> Any:
         spec = self.engine.spec
         labels = batch.labels
         # targets are unpacked from the buffer while it is held, collated after the images
         targets = targetregion.load_targets(labels) if spec.target_kind == "any" else None
-        out = self._materialize(spec.sample_dtype, labels if targets is None
-                                else labels[:0].view(np.int64), batch)
+        out = materialize(spec.sample_dtype, labels if targets is None
+                          else labels[:0].view(np.int64), batch)
         return targetregion.collate_batch(out, targets, self.collate_fn, self.device,
                                           self.pin_memory)
 
-    def collated(self, batch: tuple[Any, Any]) -> Any:
-        """A batch made elsewhere (the GPU decoder's ``(images, labels)``) through
-        ``collate_fn``, as :meth:`__call__` passes its own."""
-        return targetregion.collate_batch(batch, None, self.collate_fn, self.device,
+    def collated(self, batch: tuple[Any, Any], host_labels: np.ndarray) -> Any:
+        """A batch made elsewhere (the GPU decoder's ``(images, labels)``, with the
+        labels' host copy) through ``collate_fn``, as :meth:`__call__` passes its own."""
+        targets = host_labels.tolist() if self.collate_fn is not None else None
+        return targetregion.collate_batch(batch, targets, self.collate_fn, self.device,
                                           self.pin_memory)
 
     def _materialize(self, sample_dtype: str, labels_v: np.ndarray, batch: Batch):
@@ -54,8 +64,6 @@ class Delivery:
         buffer (``slot_views``), so closing the pool leaves that mapping to them
         (``processgroup.unmap_later``) and it is unmapped when the batch goes."""
         labels = torch.from_numpy(labels_v.copy())
-        if batch.raw is not None:
-            return batch.raw, labels
         images_v = batch.samples
         pool, normalize = self.engine.pool, self.engine.device_normalize
         on_cpu = self.device is None or self.device.type == "cpu"

@@ -44,8 +44,10 @@ MIN_PART = 2
 def splittable(spec: BatchSpec, workers: int) -> bool:
     """Whether batches of ``spec`` may be split across ``workers`` (NOTE [ first batch
     split ]): the fused recipe, class labels, more than one worker."""
-    return (workers > 1 and spec.mode == "decode" and spec.fused is not None
-            and spec.transform is None and spec.target_kind == "class")
+    mode = spec.mode  # (a mode that decodes in the workers, into the batch: the CPU's)
+    return (workers > 1 and not mode.in_process and not mode.keeps_inputs
+            and spec.fused is not None and spec.transform is None
+            and spec.target_kind == "class")
 
 
 def part_layout(spec: BatchSpec, sizes: Sequence[int], parts: int

@@ -42,8 +42,9 @@ from ..format.records import IMAGE_HEAD, LABEL_TAIL, image_span, label_at
 from ..transforms.geometry import ResizeCropGeometry, resized_size
 from .batch import BatchSpec
 from .decode import check_pixels, record_error
+from .decodemode import DecodeMode
 
-__all__ = ["GPUOptions", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "gpu_options", "sample_nbytes",
+__all__ = ["GPUOptions", "GatherMode", "PARAMS", "COLUMNS", "REASONS", "ON_GPU", "sample_nbytes",
            "params_view", "pixels_view", "classify", "gather_batch"]
 
 #: The columns of a sample's parameter row (float64; integers are exact).
@@ -69,44 +70,22 @@ class GPUOptions:
     says).  ``channels_last``: the batch in ``torch.channels_last`` memory format.
     ``gray``: decode grayscale JPEGs on the GPU too (else the workers do).
     ``progressive``: decode progressive JPEGs on the GPU too (torchvision then
-    Huffman-decodes each on the main process's CPU, one at a time: NOTE [ GPU batches ])."""
+    Huffman-decodes each on the main process's CPU, one at a time: NOTE [ GPU batches ]).
+    ``decoded_bytes``: device memory for decoded, not yet rendered images (bytes, at
+    full resolution, 3 per pixel); a batch that needs more is decoded in parts, and one
+    image larger than this alone (NOTE [ GPU stream ])."""
 
     dtype: Any = None  # None: torch.float32 (torch is not imported here)
     channels_last: bool = False
     gray: bool = False
     progressive: bool = False
+    decoded_bytes: int = 1 << 30
 
-
-def gpu_options(decode: Any, transform: Any, output: str, device: Any) -> GPUOptions | None:
-    """The GPUOptions the Loader's ``decode`` asks for (None: decode on the CPU), checked
-    against its ``transform``, ``output`` and ``device``."""
-    if isinstance(decode, GPUOptions):
-        options = decode
-    elif decode == "gpu":
-        options = GPUOptions()
-    elif decode == "cpu":
-        return None
-    else:
-        raise ValueError(f"decode must be 'cpu', 'gpu' or a GPUOptions, got {decode!r}")
-    if transform is None:
-        raise ValueError("decode='gpu' decodes for a transform: give the recipe (e.g. "
-                         "RandomResizedCrop + flip + ToTensor + Normalize); transform=None "
-                         "yields encoded bytes, which decode nowhere")
-    if device is None:
-        raise ValueError("decode='gpu' needs device= (e.g. device='cuda'; device='cpu' runs "
-                         "the same path on CPU tensors, for tests)")
-    if str(device).startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"decode='gpu' with device={str(device)!r}, but CUDA is not "
-                             "available here (no GPU, or a CPU-only torch); use device='cpu' "
-                             "to run the same path on CPU tensors, or decode='cpu'")
-    if output != "float":
-        raise ValueError(f"decode='gpu' with output={output!r}: the batch is rendered on the "
-                         "device, so output= does not apply; choose its dtype with "
-                         "decode=GPUOptions(dtype=torch.bfloat16)")
-    return options
+    def __post_init__(self) -> None:
+        if (isinstance(self.decoded_bytes, bool) or not isinstance(self.decoded_bytes, int)
+                or self.decoded_bytes < 1):
+            raise ValueError(f"GPUOptions(decoded_bytes={self.decoded_bytes!r}): give the device "
+                             "memory for decoded images in bytes, e.g. 1 << 30 (1 GiB)")
 
 
 def sample_nbytes(out_hw: tuple[int, int]) -> int:
@@ -181,7 +160,7 @@ def gather_batch(spec: BatchSpec, whole: np.ndarray, values: Sequence[Any],
     (NOTE [ GPU batches ]).  Records it cannot decode are rendered here, into their
     pixel areas, by ``spec.fused`` (a uint8-output FusedPipeline).  Raises
     :class:`~seqloader.errors.RecordError` naming the record, as ``decode_batch`` does."""
-    fused, options = spec.fused, spec.gpu
+    fused, options = spec.fused, spec.mode.options
     base, size = whole.ctypes.data, whole.nbytes
     geo = fused.geometry if isinstance(fused.geometry, ResizeCropGeometry) else None
     rows, pixels = params_view(samples), pixels_view(samples, fused.out_hw)
@@ -213,3 +192,29 @@ def gather_batch(spec: BatchSpec, whole: np.ndarray, values: Sequence[Any],
                                                           geo.max_size)
         except Exception as e:
             raise record_error(e, idx, _path(value)) from e
+
+
+class GatherMode(DecodeMode):
+    """The workers' side of the GPU mode (:class:`~seqloader.dataflow.gpumode.GPUMode`
+    pickles as this): gather each batch for the device -- no torch, no device state."""
+
+    keeps_inputs = True
+    reads_in_place = False  # (batches made in the caller's process are copied first)
+
+    def __init__(self, options: GPUOptions):
+        self.options = options
+
+    def fill(self, spec: BatchSpec, whole: np.ndarray | None, values: Sequence[Any],
+             indices: Sequence[int], labels: np.ndarray, samples: np.ndarray,
+             rng: np.random.Generator | None) -> None:
+        gather_batch(spec, whole, values, indices, labels, samples, rng)
+
+    def batch_spec(self, df: Any, transform: Any, common: dict[str, Any],
+                   output: str) -> tuple[BatchSpec, Any]:
+        raise RuntimeError("GatherMode is the GPU mode's worker side: build a GPUMode")
+
+    def local_batches(self, engine: Any, plan: Any, first: int) -> Any:
+        raise RuntimeError("GatherMode is the GPU mode's worker side: build a GPUMode")
+
+    def delivered(self, batches: Any, delivery: Any) -> Any:
+        raise RuntimeError("GatherMode is the GPU mode's worker side: build a GPUMode")

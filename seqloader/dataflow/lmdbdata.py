@@ -26,7 +26,7 @@ from ..read.database import Database, open_database
 from ..read.plan import (DEFAULT_CHUNK, EpochPlan, PlanSpec, check_count, check_rank, plan_epoch,
                          rank_bounds, skip_ranges)
 from ..read.reader import RangeReader
-from .base import DataFlow, ProxyDataFlow, Records
+from .base import DataFlow, Records
 from .feedthread import Stopped
 from .passes import Pass
 

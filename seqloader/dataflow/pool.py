@@ -47,10 +47,9 @@ import numpy as np
 from ..errors import RecordError, SeqloaderError, WorkerDiedError, WorkerError
 from ..read.plan import EpochPlan
 from .batch import BatchSpec, slot_views
-from .decode import batch_rng, decode_batch
+from .decode import batch_rng
 from .feedthread import Feed, FeedThread
 from .firstbatch import splittable
-from .gpugather import gather_batch
 from ..workers.processgroup import ProcessGroup, kill, serve, unmap_later
 from ..workers.threads import prepare_worker
 from .stats import StageCounters
@@ -96,14 +95,11 @@ def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
             whole[offsets[i]:offsets[i + 1]].data for i in range(b - a)]
         if part is not None:  # (rng None: an earlier record's draw failed, this part waits)
             if rng is not None:
-                decode_batch(spec, values, indices, labels[a:b], samples[a:b], rng)
+                spec.mode.fill(spec, whole, values, indices, labels[a:b], samples[a:b], rng)
             return ("done", epoch, j, slot, b - a, time.perf_counter() - t,
                     time.process_time() - cpu, parts)
         rng = batch_rng(spec.seed, epoch, spec.rank, j)
-        if spec.mode == "gpu":  # gather for the main process to decode (NOTE [ GPU batches ])
-            gather_batch(spec, whole, values, indices, labels, samples, rng)
-        else:
-            decode_batch(spec, values, indices, labels, samples, rng)
+        spec.mode.fill(spec, whole, values, indices, labels, samples, rng)  # NOTE [ decode modes ]
         return ("done", epoch, j, slot, n, time.perf_counter() - t, time.process_time() - cpu)
     except RecordError as e:
         return ("error", epoch, j, slot, e)

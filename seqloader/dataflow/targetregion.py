@@ -102,9 +102,10 @@ def _move(obj: Any, device: Any, pin: bool) -> Any:
 def collate_batch(batch: tuple[Any, Any], targets: list[Any] | None,
                   collate_fn: Callable | None, device: Any = None, pin: bool = False) -> Any:
     """The batch the Loader yields, from ``(images, labels)`` as the Loader materialized
-    it and the batch's ``targets`` (None for class labels, which are ``labels``):
-    ``(images, default_collate(targets))``, or ``collate_fn`` over the samples
-    (NOTE [ target region ]); tensors it makes are pinned / moved like the images."""
+    it and the batch's ``targets`` (None for class labels, which are ``labels``; pass
+    them from the host when ``labels`` is on a device -- its ``tolist()`` would wait for
+    the device): ``(images, default_collate(targets))``, or ``collate_fn`` over the
+    samples (NOTE [ target region ]); tensors it makes are pinned / moved like the images."""
     if targets is None and collate_fn is None:
         return batch
     from torch.utils.data import default_collate

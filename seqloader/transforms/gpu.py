@@ -25,9 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import DeviceError
 from .geometry import ResizeCropGeometry, crop_span
 
-__all__ = ["decode_jpegs", "TensorRecipe", "TORCH_MODES"]
+__all__ = ["decode_jpegs", "JpegDecoder", "TensorRecipe", "TORCH_MODES",
+           "MIN_TORCHVISION", "MAX_STEP", "cpu_decode", "tiny_jpeg"]
 
 #: The fused pipeline's interpolation modes that torch's ``interpolate`` renders
 #: ("pil-bilinear" is PIL's antialiased bilinear: ``interpolate``'s with antialias).
@@ -35,19 +37,123 @@ TORCH_MODES = {"bilinear": "bilinear", "pil-bilinear": "bilinear", "bicubic": "b
                "nearest": "nearest", "nearest-exact": "nearest-exact"}
 
 
-def decode_jpegs(data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Decode a batch of JPEGs (1-D uint8 CPU tensors) to ``[3, H, W]`` uint8 RGB tensors
-    on ``device``: one batched nvJPEG call on CUDA (torchvision), the CPU decoder
-    elsewhere.  Raises (RuntimeError / ValueError) if an image cannot be decoded."""
-    if not data:
-        return []
-    if device.type == "cuda":
-        from torchvision.io import ImageReadMode, decode_jpeg
+#: The torchvision release whose ``decode_jpeg`` takes a list of images and decodes them
+#: in one batched nvJPEG call (older ones take one tensor).
+MIN_TORCHVISION = (0, 19)
 
-        return decode_jpeg(list(data), mode=ImageReadMode.RGB, device=device)
+# NOTE [ antialias limit ]
+# ``interpolate(antialias=True)`` on CUDA keeps a sample's filter weights in 48 KB of
+# shared memory and refuses a downscale whose kernel needs more: bilinear beyond ~94x,
+# bicubic beyond ~47x (``Resize(256)`` of a 25,000 px image).  Such a downscale is done
+# in steps of at most these factors (each step antialiased), on every device alike.
+MAX_STEP = {"bilinear": 64.0, "bicubic": 32.0}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def tiny_jpeg() -> bytes:
+    """A 16x16 colour baseline JPEG (4:2:0), for a decoder's setup check."""
+    import cv2
+
+    img = np.zeros((16, 16, 3), np.uint8)
+    img[:, 8:] = (40, 160, 220)
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    return buf.tobytes()
+
+
+def cpu_decode(data: torch.Tensor) -> torch.Tensor:
+    """One JPEG (a 1-D uint8 CPU tensor) decoded by the CPU decoder to ``[3, H, W]`` uint8
+    RGB: the stand-in for nvJPEG off CUDA, and the fallback for an image nvJPEG refuses."""
     from .ops import decode_rgb
 
-    return [torch.from_numpy(decode_rgb(d.numpy())).permute(2, 0, 1).to(device) for d in data]
+    return torch.from_numpy(decode_rgb(data.numpy())).permute(2, 0, 1)
+
+
+class JpegDecoder:
+    """Decodes batches of JPEGs (1-D uint8 CPU tensors) to ``[3, H, W]`` uint8 RGB
+    tensors on ``device``: on CUDA one batched nvJPEG call (torchvision's
+    ``decode_jpeg(list, mode=RGB, device=cuda:N)``), elsewhere the CPU decoder.
+
+    Built where the Loader is: on CUDA it checks torchvision (>= 0.19, importable, its
+    ``decode_jpeg`` present) and decodes a tiny JPEG on the device, raising
+    :class:`DeviceError` with the fix when any of that fails."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.nvjpeg = device.type == "cuda"
+        self._decode: Any = None
+        if self.nvjpeg:
+            self._decode = _torchvision_decode()
+            self.check()
+
+    def check(self) -> None:
+        """Decode a tiny JPEG on the device (nvJPEG present and working)."""
+        try:
+            out = self([torch.frombuffer(bytearray(tiny_jpeg()), dtype=torch.uint8)])
+        except Exception as e:
+            raise DeviceError(
+                f"decode='gpu': torchvision could not decode a test JPEG on {self.device} "
+                f"({type(e).__name__}: {e}); a torchvision built without nvJPEG (e.g. a CPU "
+                "or ROCm build) cannot decode on the GPU -- install the CUDA build matching "
+                "torch (pip install 'seqloader[gpu]'), or use decode='cpu'") from e
+        if len(out) != 1 or tuple(out[0].shape) != (3, 16, 16):
+            raise DeviceError(
+                f"decode='gpu': torchvision's decode_jpeg on {self.device} returned "
+                f"{[tuple(o.shape) for o in out]} for one 16x16 RGB JPEG; expected "
+                "[(3, 16, 16)] -- use torchvision >= 0.19 or decode='cpu'")
+
+    def __call__(self, data: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Raises (RuntimeError / ValueError ...) if an image cannot be decoded."""
+        if not data:
+            return []
+        if self.nvjpeg:
+            from torchvision.io import ImageReadMode
+
+            return list(self._decode(list(data), mode=ImageReadMode.RGB, device=self.device))
+        return [cpu_decode(d).to(self.device) for d in data]
+
+
+def _torchvision_decode() -> Any:
+    """torchvision's ``decode_jpeg``, checked: importable, >= :data:`MIN_TORCHVISION`."""
+    fix = ("pip install 'seqloader[gpu]' (torchvision >= 0.19, the CUDA build matching "
+           "torch), or use decode='cpu'")
+    try:
+        import torchvision
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except Exception as e:  # (ImportError, or a torchvision built for another torch)
+        raise DeviceError(f"decode='gpu' needs torchvision, which cannot be imported "
+                               f"({type(e).__name__}: {e}): {fix}") from e
+    version = getattr(torchvision, "__version__", "0")
+    if _version(version) < MIN_TORCHVISION:
+        raise DeviceError(f"decode='gpu' needs torchvision >= 0.19 (its decode_jpeg "
+                               f"decodes a list of images in one batched call); found "
+                               f"{version}: {fix}")
+    if not hasattr(ImageReadMode, "RGB"):
+        raise DeviceError(f"decode='gpu': torchvision {version} has no "
+                               f"ImageReadMode.RGB: {fix}")
+    return decode_jpeg
+
+
+def decode_jpegs(data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Decode a batch of JPEGs with a :class:`JpegDecoder` for ``device`` (made, and on
+    CUDA checked, per call: keep a decoder for repeated use)."""
+    return JpegDecoder(device)(data)
+
+
+def _steps(src: int, dst: int, limit: float) -> list[int]:
+    """The sizes a downscale from ``src`` to ``dst`` goes through, each step at most
+    ``limit`` times smaller (NOTE [ antialias limit ]); ``[dst]`` when one step does."""
+    sizes = []
+    while src > dst * limit:
+        src = max(dst, -(-src // int(limit)))
+        sizes.append(src)
+    return sizes + [dst] if not sizes or sizes[-1] != dst else sizes
 
 
 class TensorRecipe:
@@ -80,7 +186,14 @@ class TensorRecipe:
         kw: dict = {"antialias": self.antialias} if self.mode in ("bilinear", "bicubic") else {}
         if self.mode in ("bilinear", "bicubic"):
             kw["align_corners"] = False
-        return F.interpolate(img.unsqueeze(0).float(), size=size, mode=self.mode, **kw)[0]
+        x = img.unsqueeze(0).float()
+        if self.antialias:  # NOTE [ antialias limit ]
+            limit = MAX_STEP[self.mode]
+            hs, ws = _steps(x.shape[2], size[0], limit), _steps(x.shape[3], size[1], limit)
+            for k in range(max(len(hs), len(ws)) - 1):
+                step = (hs[min(k, len(hs) - 1)], ws[min(k, len(ws) - 1)])
+                x = F.interpolate(x, size=step, mode=self.mode, **kw)
+        return F.interpolate(x, size=size, mode=self.mode, **kw)[0]
 
     def render(self, images: Sequence[torch.Tensor], boxes: np.ndarray) -> torch.Tensor:
         """The samples of ``images`` (``[3, h, w]`` uint8 each) as one ``[k, 3, H, W]``

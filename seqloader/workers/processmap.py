@@ -16,8 +16,6 @@ import threading
 import traceback
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-import numpy as np
-
 from ..errors import RecordError
 from .arena import ARENAS, InArena, arena_ids, collect
 from .processgroup import ProcessGroup, kill, serve

@@ -9,6 +9,9 @@ import pytest
 import seqloader.transforms as T
 from seqloader import Loader, RecordError
 from seqloader.dataflow.batch import BatchSpec
+from seqloader.dataflow.cpumode import CPUMode
+from seqloader.dataflow.gpugather import GatherMode, GPUOptions
+from seqloader.dataflow.rawmode import RawMode
 from seqloader.dataflow.feedthread import FeedThread
 from seqloader.dataflow.firstbatch import MIN_PART, part_layout, splittable
 
@@ -77,7 +80,7 @@ def test_a_failing_record_in_a_part_is_named(lmdb_dir, splits):
 
 
 def _spec(sample_nbytes: int, batch: int = 16, tail: int = 0) -> BatchSpec:
-    spec = BatchSpec(mode="decode", batch_size=batch, sample_shape=(sample_nbytes,),
+    spec = BatchSpec(mode=CPUMode(), batch_size=batch, sample_shape=(sample_nbytes,),
                      sample_dtype="uint8", mean_record=tail)
     return spec
 
@@ -107,11 +110,13 @@ def test_a_batch_that_does_not_fit_per_part_is_not_split():
 
 
 def test_only_the_fused_recipe_with_class_labels_is_split():
-    fused = BatchSpec(mode="decode", batch_size=8, fused=object())
+    fused = BatchSpec(mode=CPUMode(), batch_size=8, fused=object())
     assert splittable(fused, 2) and not splittable(fused, 1)
-    assert not splittable(BatchSpec(mode="decode", batch_size=8, transform=abs), 2)
-    assert not splittable(BatchSpec(mode="gpu", batch_size=8, fused=object()), 2)
-    assert not splittable(BatchSpec(mode="decode", batch_size=8, fused=object(),
+    assert not splittable(BatchSpec(mode=CPUMode(), batch_size=8, transform=abs), 2)
+    assert not splittable(BatchSpec(mode=GatherMode(GPUOptions()), batch_size=8,
+                                    fused=object()), 2)
+    assert not splittable(BatchSpec(mode=RawMode(), batch_size=8, fused=object()), 2)
+    assert not splittable(BatchSpec(mode=CPUMode(), batch_size=8, fused=object(),
                                     target_kind="any"), 2)
 
 
@@ -164,7 +169,7 @@ def test_each_part_gets_the_generator_its_first_record_finds(lmdb_dir):
     from seqloader.transforms import compile_fused
 
     fused = compile_fused(_fused())
-    spec = BatchSpec(mode="decode", batch_size=24, fused=fused, seed=5)
+    spec = BatchSpec(mode=CPUMode(), batch_size=24, fused=fused, seed=5)
     values = [msgpack.packb({"image": r.image, "label": r.label, "path": r.path})
               for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")[:24]]
     layout = [(0, 8, 0), (8, 16, 0), (16, 24, 0)]

@@ -31,10 +31,11 @@ EVAL = Compose([Resize(72), CenterCrop(64), ToTensor(), Normalize(MEAN, STD)])
 
 
 def _engine(lmdb_dir, transform, nw, *, rank=0, world_size=1, gpu=None):
+    """The Loader's engine; ``gpu``: GPUOptions, decoded on DEVICE."""
     df = LMDBData(lmdb_dir, "train", shuffle=True, chunk_size=8, seed=3, rank=rank,
                   world_size=world_size)
     df = BatchData(LocallyShuffleData(df, 10, warmup=5), 6)
-    eng = MultiProcessMapAndBatchData(df, nw, transform, gpu=gpu)
+    eng = MultiProcessMapAndBatchData(df, nw, transform, decode=gpu or "cpu", device=DEVICE)
     eng.reset_state()
     return eng
 
@@ -260,7 +261,7 @@ def test_a_failing_record_is_named(lmdb_dir):
         whole[o + 2:o + ln] = 0  # the header survives the gathering, not the decoder
         idx = int(rows[k, C["index"]])
         with pytest.raises(RecordError, match=rf"record {idx} \(.*\.JPEG\)") as e:
-            dec._decoded(batch)
+            list(dec._decoded(batch, lambda nbytes: None))
         assert e.value.index == idx
     finally:
         eng.close()

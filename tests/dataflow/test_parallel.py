@@ -221,12 +221,13 @@ def test_draw_then_decode_changes_no_sample_and_names_the_failing_record(lmdb_di
     from conftest import read_records
     from seqloader.format.records import pack_record
     from seqloader.dataflow.batch import BatchSpec
+    from seqloader.dataflow.cpumode import CPUMode
     from seqloader.dataflow.decode import _RUN, batch_rng, decode_batch
     recs = [r for _, r in read_records(lmdb_dir / "ILSVRC-train.lmdb")][:40]
     assert len(recs) == 40 and _RUN < 21 < 2 * _RUN
     fused = T.compile_fused(T.Compose([T.RandomResizedCrop(24, scale=(0.05, 0.5)),
                                        T.RandomHorizontalFlip(), T.ToTensor()]))
-    spec = BatchSpec(mode="decode", batch_size=40, fused=fused, sample_shape=fused.out_shape,
+    spec = BatchSpec(mode=CPUMode(), batch_size=40, fused=fused, sample_shape=fused.out_shape,
                      sample_dtype=str(fused.out_dtype))
     values = [pack_record(r) for r in recs]
     labels = np.empty(40, np.int64)

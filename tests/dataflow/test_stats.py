@@ -26,6 +26,13 @@ def _slow(img, rng=None):  # decoding that takes 30 ms a record (no CPU: a sleep
     return _small(img)
 
 
+def _burn(img, rng=None):  # decoding that takes 10 ms of CPU a record
+    t = time.process_time()
+    while time.process_time() - t < 0.01:
+        pass
+    return _small(img)
+
+
 def _fused():
     return T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToTensor()])
 
@@ -101,7 +108,8 @@ def _cpu_seconds(pid: int) -> float:
 
 def test_the_stats_agree_with_an_outside_measurement(big_db):
     # no read-ahead into the next epoch: the bytes read are exactly the epoch's
-    with _loader(big_db, _fused(), persistent_workers=False, diagnose=None) as loader:
+    # waits of tens of ms (the workers burn CPU): the clocks' own distance is negligible
+    with _loader(big_db, _burn, persistent_workers=False, diagnose=None) as loader:
         loader.pipeline.start()  # (before the clock: their start-up is not decoding)
         pids = loader.workers.pids
         cpu0 = sum(_cpu_seconds(p) for p in pids)
@@ -118,7 +126,7 @@ def test_the_stats_agree_with_an_outside_measurement(big_db):
             waits.append(time.perf_counter() - t)
             cpu = sum(_cpu_seconds(p) for p in pids) - cpu0  # (they stop with the epoch)
             images += len(y)
-            time.sleep(0.02)  # (a consumer that takes some time)
+            time.sleep(0.005)  # (a consumer that takes a little time)
         s = loader.stats()
     assert s["images"] == images and s["batches"] == len(waits)
     assert s["seconds"] == pytest.approx(wall, rel=0.10)

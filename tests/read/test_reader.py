@@ -15,6 +15,7 @@ from seqloader.format.meta import EXTENT_DTYPE
 from seqloader.format.keys import META_KEY, encode_key
 from seqloader.errors import FormatError
 from seqloader.dataflow.batch import BatchSpec
+from seqloader.dataflow.cpumode import CPUMode
 from seqloader.read.reader import RangeReader
 
 from conftest import assert_extents_match, raw_items
@@ -141,7 +142,7 @@ def test_readahead_reads_only_the_pages_not_cached(big_db):
 
 
 def _spec(sample_nbytes: int, mean: float, batch_size: int = 256) -> BatchSpec:
-    return BatchSpec(mode="decode", batch_size=batch_size, sample_shape=(sample_nbytes,),
+    return BatchSpec(mode=CPUMode(), batch_size=batch_size, sample_shape=(sample_nbytes,),
                      sample_dtype="uint8", mean_record=mean)
 
 

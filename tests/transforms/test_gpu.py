@@ -55,3 +55,49 @@ def test_unknown_modes_and_dtypes_are_refused():
         TensorRecipe(fused)
     with pytest.raises(ValueError, match="dtype"):
         TensorRecipe(compile_fused(Compose([RandomResizedCrop(8)])), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("mode, limit", [("bilinear", 94), ("bicubic", 47)])
+def test_downscales_beyond_the_antialias_kernels_limit_go_in_steps(mode, limit, monkeypatch):
+    """CUDA's antialiased interpolate refuses a kernel over 48 KB of shared memory
+    (bilinear beyond ~94x, bicubic beyond ~47x): such a downscale is done in steps that
+    each stay below it (NOTE [ antialias limit ]), close to the one-step result."""
+    import seqloader.transforms.gpu as G
+
+    recipe = TensorRecipe(compile_fused(Compose([RandomResizedCrop(24, interpolation=mode)])))
+    rng = np.random.default_rng(0)
+    img = torch.from_numpy(cv2.GaussianBlur(rng.integers(0, 256, (30, 24 * 120, 3), np.uint8),
+                                            (0, 0), 40)).permute(2, 0, 1).contiguous()
+    calls = []
+    real = G.F.interpolate
+
+    def recorded(x, size=None, **kw):
+        calls.append(max(x.shape[2] / size[0], x.shape[3] / size[1]))
+        return real(x, size=size, **kw)
+
+    monkeypatch.setattr(G.F, "interpolate", recorded)
+    got = recipe.render([img], np.array([[0, 0, 30, 24 * 120, 0, 0]]))  # (120x narrower)
+    assert len(calls) >= 2 and max(calls) < limit, calls
+    one = real(img.unsqueeze(0).float(), size=(24, 24), mode=mode, antialias=True,
+               align_corners=False)[0]
+    assert (got[0] - one).abs().mean() < 1.0
+
+
+def test_the_device_decoder_checks_torchvision_and_decodes_a_test_jpeg(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fake_torchvision import FakeTorchvision
+
+    from seqloader.errors import DeviceError
+    from seqloader.transforms.gpu import JpegDecoder
+
+    fake = FakeTorchvision("0.20.0+cu124").install(monkeypatch)
+    dec = JpegDecoder(torch.device("cuda", 0))
+    assert [c["device"] for c in fake.calls] == [torch.device("cuda", 0)]
+    data = [torch.frombuffer(bytearray(_photo(40, 50, s)), dtype=torch.uint8) for s in (1, 2)]
+    assert [tuple(x.shape) for x in dec(data)] == [(3, 40, 50)] * 2
+    FakeTorchvision("0.9.0").install(monkeypatch)  # (0.9 < 0.19, not "9" > "1")
+    with pytest.raises(DeviceError, match="0.19"):
+        JpegDecoder(torch.device("cuda", 0))

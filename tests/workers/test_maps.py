@@ -11,6 +11,17 @@ from seqloader.workers.threadmap import thread_map
 from seqloader.errors import RecordError, WorkerDiedError
 
 
+@pytest.fixture(autouse=True)
+def _no_other_children():
+    """Start with no child processes of earlier tests (a Loader they left to the garbage
+    collector), so that each test's ``mp.active_children()`` check sees its own."""
+    import gc
+    gc.collect()
+    for p in mp.active_children():
+        p.join(5)
+    yield
+
+
 def _payload(i: int) -> bytes:
     n = (i * 7919) % 40_000 + (100_000 if i % 13 == 0 else 0)  # some exceed a 64 KB slot
     seed = hashlib.sha256(str(i).encode()).digest()

@@ -42,12 +42,13 @@ def decode_transform():
     return T.CenterCrop(DECODE_CROP)
 
 
+#: What each bench workload (``--mode``) runs, by name (any other: the full train recipe).
+PIPELINES = {"raw": "raw read", "decode": "decode+transform", "full": "fused decode+transform"}
+
+
 def transform_for(mode: str):
-    if mode == "raw":
-        return None
-    if mode == "decode":
-        return decode_transform()
-    return imagenet_train_transform()
+    """The transform of bench workload ``mode`` (None: raw batches of encoded bytes)."""
+    return {"raw": lambda: None, "decode": decode_transform}.get(mode, imagenet_train_transform)()
 
 
 #: The keys of every result row, in order (``leftover_processes`` is added only when a
@@ -105,13 +106,12 @@ def run_one(args: argparse.Namespace, src: Inputs, loader: str, mode: str, worke
             holder["it"] = _Epochs(ld)
             return holder["it"]
 
-        if mode == "raw":
+        if transform is None:  # (raw batches: the encoded bytes)
             count = lambda b: (len(b[0]), sum(len(x) for x in b[0]))  # noqa: E731
         else:
             mean = src.mean_db_bytes
             count = lambda b: (len(b[1]), int(round(len(b[1]) * mean)))  # noqa: E731
-        pipeline = ("raw read" if mode == "raw" else "fused decode+transform" if mode == "full"
-                    else "decode+transform")
+        pipeline = PIPELINES.get(mode, PIPELINES["decode"])
     else:
         from .filesloader import FilesDataset, FilesLoader
 
@@ -122,7 +122,7 @@ def run_one(args: argparse.Namespace, src: Inputs, loader: str, mode: str, worke
             return holder["it"]
 
         count = lambda b: (len(b[1]), int(b[2]))  # noqa: E731
-        pipeline = "raw read" if mode == "raw" else "decode+transform"
+        pipeline = PIPELINES["raw"] if transform is None else PIPELINES["decode"]
     row: dict[str, Any] = {"loader": loader, "mode": mode, "workers": workers, "batch_size": B,
                            "cold": bool(args.cold), "evicted": None, "resident_before": None}
     paths = src.data_paths(loader)
@@ -241,6 +241,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
 
     from ...read.database import Database, open_database
     from ...dataflow.batch import BatchSpec
+    from ...dataflow.cpumode import CPUMode
     from ...dataflow.decode import batch_rng, decode_batch
     from ...write.scan import Scan
     from ...transforms import adapt, compile_fused, decode_rgb
@@ -256,7 +257,7 @@ def cpu_limit(source: Any, transform: Callable | None, *, seconds: float = 3.0,
         units: list[Any] = values  # what one() is called with
         if fused is not None:  # runs of 16 records through decode_batch, as a worker does
             out = np.empty((16, *fused.out_shape), fused.out_dtype)
-            spec = BatchSpec(mode="decode", batch_size=16, seed=seed, fused=fused,
+            spec = BatchSpec(mode=CPUMode(), batch_size=16, seed=seed, fused=fused,
                              sample_shape=fused.out_shape, sample_dtype=str(fused.out_dtype))
             labels = np.empty(16, np.int64)
             units = [values[k:k + 16] for k in range(0, len(values), 16)]
