@@ -27,6 +27,8 @@ setup(
         # webdataset's own reader of `seqloader export --format webdataset`'s shards
         "test-extras": ["webdataset>=0.2"],
         "plot": ["matplotlib>=3.5"],
+        # parquet sources (Hugging Face's imagenet-1k data/*.parquet): Arrow's reader
+        "parquet": ["pyarrow>=13"],
         # reading databases at URLs (s3://, https://, ...: any fsspec protocol)
         "remote": ["fsspec>=2023.1", "s3fs>=2023.1", "aiohttp>=3.8"],
         # the optional tests of the Lightning and accelerate integrations

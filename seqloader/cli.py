@@ -26,7 +26,8 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
                         "read sequentially once: ImageNet's ILSVRC2012_img_train.tar (a tar of "
                         "per-class tars), ILSVRC2012_img_val.tar with --val-labels, a tar of "
                         "class folders, webdataset shards (key.jpg + key.cls/.json), any of "
-                        "them gzip'd, or the original sequential loader's / tensorpack's LMDB "
+                        "them gzip'd, a zip of class folders or Kaggle's ImageNet zip (train "
+                        "and val), parquet files (Hugging Face's imagenet-1k data/*.parquet), or the original sequential loader's / tensorpack's LMDB "
                         "files (their pickled records are read by a restricted unpickler that "
                         "builds only numpy arrays and plain values and refuses anything else)")
     p.add_argument("lmdb_dir", help="output folder for ILSVRC-<split>.lmdb files, or a folder "
@@ -47,6 +48,10 @@ def add_preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scratch", metavar="DIR", help="archives: folder for the two-pass "
                    "shuffle's buckets, about the split's size (default: the output folder); "
                    "removed at the end")
+    p.add_argument("--image-column", metavar="NAME", help="parquet files: the column of "
+                   "encoded images (binary, or a struct of bytes and path; default: image)")
+    p.add_argument("--label-column", metavar="NAME", help="parquet files: the column of "
+                   "labels (class indices or class names; default: label)")
     p.add_argument("--class-names", metavar="FILE", help="archives labelled by index "
                    "(tensorpack LMDB, webdataset .cls): one class name per line, in label order")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the train write order (%(default)s)")
@@ -110,7 +115,9 @@ def run_preprocess(args: argparse.Namespace) -> int:
     if _is_folder_tree(args.sources):
         given = [f for f, v in (("--split", args.split), ("--class-names", args.class_names),
                                 ("--memory-budget", args.memory_budget),
-                                ("--scratch", args.scratch)) if v is not None]
+                                ("--scratch", args.scratch), ("--image-column",
+                                args.image_column), ("--label-column", args.label_column))
+                 if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: for archive sources; a folder tree's splits "
                              "are its folders (--splits) and its order needs no scratch: drop it")
@@ -133,7 +140,8 @@ def run_preprocess(args: argparse.Namespace) -> int:
         reports = preprocess_sources(
             args.sources, args.lmdb_dir, split=args.split, val_labels=args.val_labels,
             class_names=read_class_names(args.class_names) if args.class_names else None,
-            options=opt, memory_budget=args.memory_budget, scratch=args.scratch)
+            options=opt, memory_budget=args.memory_budget, scratch=args.scratch,
+            image_column=args.image_column, label_column=args.label_column)
     for r in reports:
         skipped = sum(s.skipped for s in r.shards)
         print(f"{r.split}: {r.num_records} records, {r.image_bytes / 2**20:.1f} MiB in "

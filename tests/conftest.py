@@ -23,6 +23,7 @@ OPTIONAL = {
     "fsspec": "pip install -c constraints.txt -e '.[remote]'",
     "aiohttp": "pip install -c constraints.txt -e '.[remote]'",
     "webdataset": "pip install -c constraints.txt -e '.[test-extras]'",
+    "pyarrow": "pip install -c constraints.txt -e '.[parquet]'",
     "zstandard": "pip install -c constraints.txt -e '.[zstd]'",
 }
 _PROGRAMS = {"jpegtran", "nginx"}

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import seqloader.transforms as T
 from seqloader import Loader
-from seqloader.read.direct import IO_MODES
+from seqloader.read.iomode import IO_MODES
 from seqloader.errors import FormatError
 
 try:  # optional: without torchvision, the ResNet-18 below is used

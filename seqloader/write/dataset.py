@@ -193,11 +193,13 @@ class _Spill:
             os.close(fd)
 
 
-def _kind_of(first: Any, target_kind: str) -> str:
+def _kind_of(first: Any, target_kind: str, sopt: SampleOptions) -> str:
     if target_kind not in ("auto", "class", "any"):
         raise ValueError(f"target_kind={target_kind!r}: use 'auto', 'class' or 'any'")
     if target_kind != "auto":
         return target_kind
+    if isinstance(first, dict):
+        first = (None, first.get(sopt.label_key))
     target = first[1] if isinstance(first, (tuple, list)) and len(first) == 2 else None
     return "class" if is_class_label(target) else "any"
 
@@ -214,8 +216,11 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                   classes: Sequence[str] | None = None, strict: bool = False,
                   overwrite: bool = False, progress: bool = True,
                   scratch: str | Path | None = None, commit_bytes: int = 64 << 20,
-                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> WriteReport:
-    """Write ``dataset`` -- a map-style or iterable dataset of ``(image, target)`` pairs --
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS, image_key: str = "image",
+                  label_key: str = "label") -> WriteReport:
+    """Write ``dataset`` -- a map-style or iterable dataset of ``(image, target)`` pairs,
+    or of dicts such as a Hugging Face ``datasets.Dataset`` yields (the image under
+    ``image_key``, the target under ``label_key``: NOTE [ dict samples ]) --
     to ``out`` (a folder: ``<out>/ILSVRC-<split>.lmdb``, which ``Loader(out, split)``
     reads; or a ``.lmdb`` path), in a permutation drawn from ``seed`` (``shuffle``).
 
@@ -250,18 +255,25 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
     if cls is None and isinstance(getattr(dataset, "classes", None), (list, tuple)) \
             and all(isinstance(c, str) for c in dataset.classes):
         cls = list(dataset.classes)
+    if cls is None:  # a Hugging Face dataset's ClassLabel names
+        names = getattr(getattr(dataset, "features", {}).get(label_key), "names", None) \
+            if isinstance(getattr(dataset, "features", None), dict) else None
+        if isinstance(names, list) and all(isinstance(c, str) for c in names):
+            cls = list(names)
     spill = None
     if mapped:
         n = len(dataset)
         if n == 0:
             raise ValueError(f"the dataset ({type(dataset).__name__}) has no samples; nothing to write")
-        kind = _kind_of(dataset[0], target_kind)
+        kind = _kind_of(dataset[0], target_kind, SampleOptions(image_key=image_key,
+                                                               label_key=label_key))
         ident = repr((type(dataset).__module__, type(dataset).__qualname__, n))
     else:
         kind = target_kind if target_kind != "auto" else None
         spill = _Spill(Path(scratch or final.parent) / f"{final.name}.spill")
     sopt = SampleOptions(kind or "any", tuple(cls) if cls is not None else None, image_format,
-                         short_side, quality, max_size, verify, max_pixels)
+                         short_side, quality, max_size, verify, max_pixels,
+                         image_key=image_key, label_key=label_key)
     _CTX.update(opt=sopt, dataset=dataset)
     try:
         if spill is not None:
@@ -274,6 +286,8 @@ def write_dataset(dataset: Any, out: str | Path, split: str = "train", *, seed: 
                 raise ValueError("the iterable dataset gave no samples; nothing to write")
             ident = "iterable " + spill.digest.hexdigest()
         order = write_order(n, seed=seed, shuffle=shuffle)
+        if (image_key, label_key) != ("image", "label"):
+            ident += repr((image_key, label_key))
         fp = _fingerprint(ident, split, order, opt, sopt, cls)
         fetch = spill.fetch if spill is not None else _fetch_map(dataset, opt.workers)
         writer = _DatasetWriter(fetch, n, split, order, final, fp, opt, sopt, cls)
@@ -291,7 +305,7 @@ def _peeked(dataset: Iterable, target_kind: str, sopt: SampleOptions) -> Iterabl
 
     it = iter(dataset)
     first = next(it, None)
-    kind = _kind_of(first, target_kind) if first is not None else "any"
+    kind = _kind_of(first, target_kind, sopt) if first is not None else "any"
     _CTX["opt"] = dataclasses.replace(sopt, target_kind=kind)
     return itertools.chain([first], it) if first is not None else []
 

@@ -8,11 +8,13 @@ from typing import Sequence
 
 from .archives import FlatTar, TarOfTars, TreeTar, WebDataset
 from .migrate import TensorpackLMDB
+from .parquet import ParquetSource, is_parquet, parquet_splits
+from .zipwalk import ZipSource, is_zip, zip_splits
 from ..errors import NotFoundError
 from ..format.imagetree import is_image_file
 from .sources import LABEL_EXTS, TAR_SUFFIXES, Source, clean_name, first_files
 
-__all__ = ["open_source", "source_kind", "check_source_path"]
+__all__ = ["open_source", "source_kind", "source_splits", "check_source_path"]
 
 #: The first bytes of image files (JPEG, PNG, GIF, TIFF), none a tar's first name could have.
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"II*\x00", b"MM\x00*")
@@ -30,7 +32,8 @@ def check_source_path(path: str | Path) -> None:
         if is_image_file(p.name) or head.startswith(_IMAGE_MAGIC):
             raise ValueError(f"{path} is an image file; a source is a folder tree (the folder "
                              "holding train/<class>/<image>) or archive files (tars, "
-                             "webdataset shards, LMDB files): give the folder or archive")
+                             "webdataset shards, zips, parquet files, LMDB files): give the "
+                             "folder or archive")
 
 
 def _sample_keys(names: list[str], *, labelled: bool = False) -> set[str]:
@@ -52,6 +55,10 @@ def source_kind(path: str | Path, *, labels: bool = False) -> str:
     path = Path(path)
     if path.is_dir() or path.suffix in (".lmdb", ".mdb"):
         return "lmdb"
+    if is_parquet(path):
+        return "parquet"
+    if is_zip(path):
+        return "zip"
     members = first_files(path)
     names = [clean_name(m.name) for m in members]
     if names and names[0].lower().endswith(TAR_SUFFIXES):
@@ -69,12 +76,29 @@ def source_kind(path: str | Path, *, labels: bool = False) -> str:
                      "with --val-labels FILE")
 
 
+def source_splits(path: str | Path, split: str | None, by_name) -> list[str]:
+    """The splits one source file gives: ``[split]`` if given; a zip or a parquet file
+    may hold several or none (:func:`~.zipwalk.zip_splits`,
+    :func:`~.parquet.parquet_splits`); else ``[by_name(path)]``."""
+    if is_parquet(path):
+        return parquet_splits(path, split, by_name)
+    if is_zip(path):
+        try:
+            named = split or by_name(path)
+        except ValueError:
+            named = None
+        return zip_splits(path, split, named)
+    return [split or by_name(path)]
+
+
 def open_source(files: Sequence[str | Path], *, split: str = "",
                 labels_file: str | Path | None = None,
-                classes: Sequence[str] | None = None) -> Source:
+                classes: Sequence[str] | None = None, image_column: str | None = None,
+                label_column: str | None = None) -> Source:
     """The source of one split's ``files`` (all of one kind; webdataset shards in the
     order given).  ``labels_file`` labels a flat tar; ``classes`` fixes the class list
-    labels index into (give the train split's, so that val's labels agree)."""
+    labels index into (give the train split's, so that val's labels agree);
+    ``image_column``/``label_column`` name a parquet file's columns."""
     files = [Path(f) for f in files]
     if not files:
         raise ValueError("no source files given")
@@ -86,6 +110,14 @@ def open_source(files: Sequence[str | Path], *, split: str = "",
     if labels_file is not None and kind != "flat":
         raise ValueError(f"a labels file was given for {files[0]}, but it is a {kind} source "
                          "whose labels are inside it; drop --val-labels")
+    if (image_column or label_column) and kind != "parquet":
+        raise ValueError(f"--image-column/--label-column name a parquet file's columns; "
+                         f"{files[0]} is a {kind} source: drop them")
+    if kind == "parquet":
+        return ParquetSource(files, split=split, classes=classes, image_column=image_column,
+                             label_column=label_column)
+    if kind == "zip":
+        return ZipSource(files, split=split, classes=classes)
     if kind == "lmdb":
         return TensorpackLMDB(files, classes=classes)
     if kind == "flat":

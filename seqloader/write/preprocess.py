@@ -135,15 +135,18 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                        split: str | None = None, val_labels: str | Path | None = None,
                        class_names: Sequence[str] | None = None,
                        options: WriteOptions | None = None, memory_budget: int | None = None,
-                       scratch: str | Path | None = None) -> list[WriteReport]:
+                       scratch: str | Path | None = None, image_column: str | None = None,
+                       label_column: str | None = None) -> list[WriteReport]:
     """Write ``<lmdb_dir>/ILSVRC-<split>.lmdb`` from archives read sequentially once
     (:mod:`seqloader.write.sources`), shuffled by :mod:`seqloader.write.extshuffle` within
     ``memory_budget``.  Each file's split is ``split`` or comes from its name; a split's
     files are read in the order given; train goes first, so that val's labels
     (``val_labels`` for a flat val tar) index train's classes.  ``class_names`` names
-    the classes of sources labelled by index (tensorpack LMDB files)."""
+    the classes of sources labelled by index (tensorpack LMDB files).  A zip or parquet
+    file may give several splits (Kaggle's zip: train and val) or none (a test file);
+    ``image_column``/``label_column`` name parquet files' columns."""
     from .extshuffle import DEFAULT_MEMORY_BUDGET, write_source
-    from .inputs import check_source_path, open_source
+    from .inputs import check_source_path, open_source, source_splits
 
     opt = options or WriteOptions()
     if is_url(lmdb_dir):
@@ -163,7 +166,12 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
                                 "if missing) for the .lmdb files")
     by_split: dict[str, list[Path]] = {}
     for f in sources:
-        by_split.setdefault(split or split_of(f), []).append(Path(f))
+        for s in source_splits(f, split, split_of):
+            by_split.setdefault(s, []).append(Path(f))
+    if not by_split:
+        raise ValueError(f"no split to write from {[str(f) for f in sources]}; give the "
+                         "train or validation files")
+    cols = {"image_column": image_column, "label_column": label_column}
     order = sorted(by_split, key=lambda s: (s != "train", s != "val", s))
     for s in order:  # the files it writes (or their shards): NOTE [ outputs apart from inputs ]
         for f in sources:
@@ -180,7 +188,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
     # kind known) before any split is written: not hours later, after train
     opened = {s: open_source(by_split[s], split=s,
                              labels_file=val_labels if s != "train" else None,
-                             classes=train_classes) for s in order}
+                             classes=train_classes, **cols) for s in order}
 
     def with_train_classes(classes: list[str]) -> None:
         """Train's classes are known (after its first pass, before it is written): the other
@@ -188,7 +196,7 @@ def preprocess_sources(sources: Sequence[str | Path], lmdb_dir: str | Path, *,
         for s in order:
             if s != "train" and class_names is None:
                 opened[s] = open_source(by_split[s], split=s, labels_file=val_labels,
-                                        classes=classes)
+                                        classes=classes, **cols)
 
     reports = []
     created = not out.exists()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -25,7 +25,7 @@ from ..format.checksum import record_digest
 from ..format.targets import is_class_label
 from ..format.decoders import decode_any
 
-__all__ = ["SampleOptions", "Prepared", "prepare_sample", "class_label"]
+__all__ = ["SampleOptions", "Prepared", "prepare_sample", "class_label", "as_pair"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class SampleOptions:
     #: NOTE [ pixel limit ]; out of the repr, which fingerprints write_dataset's databases:
     #: the writer adds it where it is not the default
     max_pixels: int | None = field(default=DEFAULT_MAX_PIXELS, repr=False)
+    #: the keys of a dict sample (NOTE [ dict samples ]); not in the repr either (the
+    #: dataset's identity names them where they are not these)
+    image_key: str = field(default="image", repr=False)
+    label_key: str = field(default="label", repr=False)
 
 
 #: ``(record value, digest, decoder warning or None, label or -1)``, or
@@ -95,11 +99,41 @@ def _from_pixels(image: Any, where: str, opt: SampleOptions) -> tuple[bytes, Any
     return encode_jpeg(bgr, opt.quality), None
 
 
+# NOTE [ dict samples ]
+# A Hugging Face ``datasets.Dataset`` yields dicts, ``{"image": ..., "label": ...}``: the
+# image under ``image_key``, the target under ``label_key``.  Its image is a PIL image
+# (decoded), or ``{"bytes": ..., "path": ...}`` (``cast_column(..., Image(decode=False))``):
+# the bytes, else the file at the path.
+
+
+def as_pair(sample: Any, where: str, opt: SampleOptions) -> Any:
+    """``sample`` as an ``(image, target)`` pair: a dict's two keys (NOTE [ dict samples ]);
+    anything else as it is."""
+    if not isinstance(sample, Mapping):
+        return sample
+    missing = [k for k in (opt.image_key, opt.label_key) if k not in sample]
+    if missing:
+        raise TypeError(f"{where}: a dict sample without {missing} (its keys: "
+                        f"{sorted(map(str, sample))[:8]}); name the image and label keys with "
+                        "image_key= and label_key=")
+    image = sample[opt.image_key]
+    if isinstance(image, Mapping) and ("bytes" in image or "path" in image):
+        if image.get("bytes") is not None:
+            image = image["bytes"]
+        elif image.get("path"):
+            with open(image["path"], "rb") as f:
+                image = f.read()
+        else:
+            raise ValueError(f"{where}: the image dict has neither bytes nor a path")
+    return image, sample[opt.label_key]
+
+
 def prepare_sample(sample: Any, where: str, opt: SampleOptions) -> Prepared:
-    """The record of one dataset sample ``(image, target)`` (see :data:`Prepared`).
-    Undecodable image bytes make it a bad sample; a sample that is not a pair, an image
-    or target of a type that cannot be stored raise TypeError/ValueError naming
-    ``where`` (a mistake in the dataset, not in one image)."""
+    """The record of one dataset sample ``(image, target)`` or dict (NOTE [ dict samples
+    ]) (see :data:`Prepared`).  Undecodable image bytes make it a bad sample; a sample
+    that is not a pair, an image or target of a type that cannot be stored raise
+    TypeError/ValueError naming ``where`` (a mistake in the dataset, not in one image)."""
+    sample = as_pair(sample, where, opt)
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
         raise TypeError(f"{where}: a sample must be an (image, target) pair, got "
                         f"{type(sample).__name__}" + (f" of {len(sample)}" if isinstance(

@@ -190,7 +190,7 @@ def test_s3_sharded_opens_in_few_requests(moto, sharded_dir, monkeypatch):
 def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
     """Data GETs go to a presigned URL over http.client (NOTE [ plain ranged GETs ]), not
     through fsspec's event loop; without a signer they fall back to fsspec."""
-    from seqloader.read import httprange, remote
+    from seqloader.read import httprange, remote, remotefs
     from seqloader.read.database import open_database
 
     want = _all_records(open_database(lmdb_dir, "train"))
@@ -201,7 +201,7 @@ def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
                         real_get(self, a, b, t))
     assert _all_records(db) == want and calls == []
     monkeypatch.setattr(httprange, "_SIGN_SECONDS", 0)  # (signed again on every GET)
-    monkeypatch.setattr(remote, "_PLAIN", {})
+    monkeypatch.setattr(remotefs, "_PLAIN", {})
     fs, _ = remote.filesystem(db.paths[0], db.remote.options)
     monkeypatch.setattr(type(fs), "sign", lambda *a, **k: (_ for _ in ()).throw(
         NotImplementedError("no signer")))

@@ -171,6 +171,57 @@ def test_class_targets_from_pil_bytes_and_iterables(tmp_path):
         assert got == sorted(i % 4 for i in range(15))
 
 
+class HFLike:
+    """What a Hugging Face ``datasets.Dataset`` is to a writer: ``len``, dict rows and
+    ``features`` whose label has ClassLabel ``names``."""
+
+    class _ClassLabel:
+        names = ["cat", "dog", "eel", "fox"]
+
+    def __init__(self, rows, label_key="label"):
+        self.rows, self.features = rows, {label_key: self._ClassLabel()}
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def test_dict_samples_as_a_hugging_face_dataset_gives_them(tmp_path):
+    """Images as bytes, {"bytes", "path"} dicts (bytes, or a path only), numpy arrays and
+    PIL images; the keys as options; class names from ``features``; the same records
+    as the (image, target) pairs."""
+    from PIL import Image
+
+    (tmp_path / "f.jpg").write_bytes(_jpeg(4))
+
+    def image(i):
+        return [_jpeg(i), {"bytes": _jpeg(i), "path": f"x{i}.jpg"}, _img(i),
+                Image.fromarray(_img(i)), {"bytes": None, "path": str(tmp_path / "f.jpg")}][i % 5]
+
+    def pair_image(i):
+        return _jpeg(4) if i % 5 == 4 else (_jpeg(i) if i % 5 < 2 else _img(i))
+
+    rows = [{"image": image(i), "label": i % 4, "other": "x"} for i in range(10)]
+    got = write_dataset(HFLike(rows), tmp_path / "hf", workers=2, progress=False)
+    ref = write_dataset(MapDS(10, lambda i: i % 4, pair_image), tmp_path / "ref", workers=2,
+                        progress=False)
+    assert got.num_records == ref.num_records == 10
+    db = open_database(tmp_path / "hf", "train")
+    assert db.classes == HFLike._ClassLabel.names and db.metas[0].target_kind == "class"
+    from conftest import read_records
+    recs = lambda d: [(r.label, r.image) for _, r in read_records(tmp_path / d / "ILSVRC-train.lmdb")]  # noqa: E731
+    assert recs("hf") == recs("ref")
+    keyed = [{"jpg": _jpeg(i), "cls": i % 4} for i in range(6)]
+    write_dataset(iter(keyed), tmp_path / "it", image_key="jpg", label_key="cls", workers=2,
+                  progress=False)
+    assert sorted(open_database(tmp_path / "it", "train").labels().tolist()) == [0, 0, 1, 1, 2, 3]
+    with pytest.raises(TypeError, match=r"without \['label'\].*label_key="):
+        write_dataset(iter(keyed), tmp_path / "bad", workers=1, progress=False,
+                      image_key="jpg")
+
+
 def test_bad_samples_are_reported_and_resume_is_exact(tmp_path):
     def image(i):
         if i == 5:

@@ -16,11 +16,14 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import lmdb
 import numpy as np
 import pytest
+
+from kaggle_hf import KAGGLE_NAME, hf_parquet, kaggle_zip
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = ["n01", "n02", "n03"]
@@ -138,6 +141,23 @@ def build_sources(root: Path) -> dict[str, tuple[Path, list[str]]]:
     (root / "val.txt").write_text("".join(f"{n} {c}\n" for c in CLASSES for n, _ in images[c]))
     out["flat val tar"] = root / "val.tar", ["--split", "val", "--val-labels",
                                              str(root / "val.txt")]
+    tree = root / "tree"  # (Kaggle's zip and Hugging Face's parquet, built from it)
+    for split in ("train", "val"):
+        for c in CLASSES:
+            (tree / split / c).mkdir(parents=True)
+            for n, d in images[c]:
+                (tree / split / c / n).write_bytes(d)
+    out["kaggle zip"] = kaggle_zip(tree, root / KAGGLE_NAME), ["--split", "val"]
+    with zipfile.ZipFile(root / "train.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+        for c in CLASSES:
+            for n, d in images[c]:
+                zf.writestr(f"train/{c}/{n}", d)
+    out["tree zip"] = root / "train.zip", ["--split", "train"]
+    if importlib.util.find_spec("pyarrow") is not None:
+        # (with page checksums: a damaged page is found, not read as other labels)
+        hf, = [f for f in hf_parquet(tree, root / "hf", shards=1, row_group=4,
+                                     write_page_checksum=True) if f.name.startswith("train")]
+        out["hf parquet"] = hf, ["--split", "train"]
     _tensorpack_lmdb(root / "tp.lmdb", images)
     out["tensorpack lmdb"] = root / "tp.lmdb", ["--split", "train", "--class-names",
                                                 str(root / "classes.txt")]
@@ -176,6 +196,20 @@ def damages(kind: str, data: bytes, rng: random.Random) -> list[tuple[str, bytes
                 ("zeroed meta 0", zero(0, psize))]
         out += [(f"zeroed page {p}", zero(p * psize, psize)) for p in range(2, pages)]
         return out
+    if kind.endswith("zip"):
+        return out + _zip_damages(data, flip, zero, rng)
+    if kind == "hf parquet":
+        n = len(data)
+        footer = int.from_bytes(data[n - 8:n - 4], "little")
+        out += [("magic flipped", flip(1)), ("end magic flipped", flip(n - 2)),
+                ("footer length flipped", flip(n - 7)), ("cut inside the footer", data[:n - 20])]
+        out += [(f"footer flipped at {a}", flip(a)) for a in
+                sorted(rng.sample(range(n - 8 - footer, n - 8), 6))]
+        out += [(f"16 bytes zeroed at {a}", zero(a)) for a in
+                sorted(rng.sample(range(4, n - 8 - footer), 6))]
+        out += [(f"flipped at {a}", flip(a)) for a in sorted(rng.sample(range(4, n - 8 - footer), 8))]
+        out += [(f"cut at {a}", data[:a]) for a in sorted(rng.sample(range(10, n), 4))]
+        return out
     if kind.startswith("tree tar."):  # compressed: gzip, bz2, xz, zst
         n = len(data)
         out += [("trailer CRC flipped", flip(n - 8)), ("trailer length flipped", flip(n - 2)),
@@ -195,6 +229,35 @@ def damages(kind: str, data: bytes, rng: random.Random) -> list[tuple[str, bytes
                 (f"header {h} name zeroed", zero(h, 16))]
     for d in rng.sample(datas, min(3, len(datas))):
         out += [(f"cut inside data {d}", data[:d + 7]), (f"data {d} flipped", flip(d + 3))]
+    return out
+
+
+def _zip_damages(data: bytes, flip, zero, rng: random.Random) -> list[tuple[str, bytes]]:
+    """A cut central directory, bad local headers, CRC mismatches, truncated members."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        infos = [i for i in zf.infolist() if i.file_size]
+        cd = zf.start_dir
+    out = [("central directory cut", data[:cd + 10]), ("end record zeroed", zero(len(data) - 22)),
+           ("central directory offset flipped", flip(len(data) - 6))]
+    for i in rng.sample(infos, min(4, len(infos))):
+        h = i.header_offset
+        data_at = h + 30 + len(i.filename.encode()) + len(i.extra)
+        out += [(f"cut at header {h}", data[:h]), (f"header {h} signature flipped", flip(h + 1)),
+                (f"header {h} name flipped", flip(h + 31)),
+                (f"data of {i.filename} flipped", flip(data_at + i.compress_size // 2)),
+                (f"data of {i.filename} zeroed", zero(data_at + 2)),
+                (f"cut inside {i.filename}", data[:data_at + 5])]
+    entries = []
+    at = cd
+    while data[at:at + 4] == b"PK\x01\x02":
+        entries.append(at)
+        n, m, k = (int.from_bytes(data[at + o:at + o + 2], "little") for o in (28, 30, 32))
+        at += 46 + n + m + k
+    for e in rng.sample(entries, min(4, len(entries))):
+        out += [(f"central entry {e} CRC flipped", flip(e + 17)),
+                (f"central entry {e} size flipped", flip(e + 20)),
+                (f"central entry {e} name flipped", flip(e + 46 + 2)),
+                (f"central entry {e} offset flipped", flip(e + 42))]
     return out
 
 

@@ -197,3 +197,104 @@ def test_indexing_a_partial_file_with_uncommitted_pages_stays_inside_its_map(
         reader.close()
     got = [data[o:o + n] for o, n in ext.tolist()]
     assert got == [v for k, v in raw_items(out / "ILSVRC-train.lmdb") if k != META_KEY]
+
+
+#: The archive writer (preprocess_sources: the external shuffle's two passes, then the
+#: shard writer) over zip or parquet sources, slowed a little; ``commit`` mode kills its
+#: process group ``delay`` s into commit ``n`` (pass 1's or the writer's, counted together).
+SOURCE_WRITER = textwrap.dedent("""
+    import os, signal, sys, threading, time, warnings
+    warnings.simplefilter("ignore")
+    from seqloader.write import extshuffle as x, shardwriter as w
+    real = x.read_item
+    def slow(*a, **k):
+        time.sleep(0.003)
+        return real(*a, **k)
+    x.read_item = slow
+    mode, n, delay = sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+    count = [0]
+    def killing(commit):
+        def run(*a, **k):
+            count[0] += 1
+            if mode == "commit" and count[0] == n:
+                threading.Timer(delay, os.killpg, (0, signal.SIGKILL)).start()
+            return commit(*a, **k)
+        return run
+    x._Pass1._commit = killing(x._Pass1._commit)
+    w.ShardWriter._commit = killing(w.ShardWriter._commit)
+    from seqloader import WriteOptions
+    from seqloader.write.preprocess import preprocess_sources
+    preprocess_sources(sys.argv[1].split(","), sys.argv[2], memory_budget=150_000,
+                       options=WriteOptions(progress=False, workers=2, commit_bytes=%d))
+""" % COMMIT_BYTES)
+
+
+@pytest.fixture(scope="module")
+def downloads(synth_tree, tmp_path_factory):
+    """{kind: (its files, joined by ',', the database of an uninterrupted run)}."""
+    from kaggle_hf import KAGGLE_NAME, hf_parquet, kaggle_zip
+
+    root = tmp_path_factory.mktemp("downloads")
+    kinds = {"kaggle zip": [kaggle_zip(synth_tree.root, root / KAGGLE_NAME)]}
+    try:
+        kinds["hf parquet"] = [f for f in hf_parquet(synth_tree.root, root / "hf", row_group=4)
+                               if not f.name.startswith("test")]
+    except ImportError:
+        pass
+    out = {}
+    for kind, files in kinds.items():
+        arg = ",".join(map(str, files))
+        ref = root / kind.replace(" ", "-")
+        proc = _start_source(arg, ref)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+        out[kind] = arg, ref
+    return out
+
+
+def _start_source(arg: str, out, mode="none", n=0, delay=0.0) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", SOURCE_WRITER, arg, str(out), mode, str(n),
+                             str(delay)], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_source_and_resume(downloads, kind, tmp_path, seed: int, kills: int) -> None:
+    if kind not in downloads:
+        pytest.skip("needs pyarrow (pip install -c constraints.txt -e '.[parquet]')")
+    arg, ref = downloads[kind]
+    rng = random.Random(seed)
+    out = tmp_path / f"out{seed}"
+    for _ in range(kills):  # each run killed, by a commit's moment or by time
+        if rng.random() < 0.5:
+            proc = _start_source(arg, out, "commit", rng.randint(1, 40), rng.uniform(0, 0.004))
+            proc.communicate(timeout=120)
+        else:
+            proc = _start_source(arg, out)
+            time.sleep(rng.uniform(0.2, 2.5))
+            _kill_group(proc)
+    proc = _start_source(arg, out)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    for split in ("train", "val"):
+        a, b = ref / f"ILSVRC-{split}.lmdb", out / f"ILSVRC-{split}.lmdb"
+        assert [x for x in raw_items(a) if x[0] != META_KEY] == \
+            [x for x in raw_items(b) if x[0] != META_KEY], split
+        ma, mb = open_database(a).metas[0], open_database(b).metas[0]
+        for field in ("checksum", "num_records", "fingerprint", "labels", "bad_files",
+                      "classes", "writer"):
+            assert getattr(ma, field) == getattr(mb, field), (split, field)
+    assert not list(out.glob("*.scratch")) and not list(out.glob("*.partial"))
+
+
+@pytest.mark.parametrize("kind", ["kaggle zip", "hf parquet"])
+def test_a_killed_zip_or_parquet_preprocess_resumes_to_the_identical_database(
+        downloads, kind, tmp_path):
+    _kill_source_and_resume(downloads, kind, tmp_path, 0, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 5))
+@pytest.mark.parametrize("kind", ["kaggle zip", "hf parquet"])
+def test_zip_and_parquet_killed_many_times_in_a_row(downloads, kind, tmp_path, seed):
+    _kill_source_and_resume(downloads, kind, tmp_path, seed, 5)

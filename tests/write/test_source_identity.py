@@ -86,3 +86,53 @@ def test_a_database_from_a_folder_tree_is_not_taken_for_an_archives(sources, syn
     path, args = sources["tree tar"]
     rc, err = _run([str(path), str(out), *args, "--no-verify"], capsys)
     assert rc == 2 and "was written from a folder tree source" in err, err
+
+
+def _without_last_image(path, other) -> None:
+    """``path`` (a zip or a parquet file) rewritten without its last image."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        pq.write_table(table.slice(0, table.num_rows - 1), other, row_group_size=4)
+        return
+    import zipfile
+
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(other, "w") as dst:
+        infos = src.infolist()
+        last = max(i for i, m in enumerate(infos) if m.filename.endswith(".JPEG")
+                   and "/val/" not in m.filename)  # (Kaggle's val: one CSV line each)
+        for i, m in enumerate(infos):
+            if i != last:
+                dst.writestr(m, src.read(m))
+
+
+@pytest.mark.parametrize("kind", ["kaggle zip", "tree zip", "hf parquet"])
+def test_another_zip_or_parquet_or_its_labels_are_refused(sources, kind, tmp_path, capsys):
+    if kind not in sources:
+        pytest.skip("needs pyarrow (pip install -c constraints.txt -e '.[parquet]')")
+    path, args = sources[kind]
+    out = tmp_path / "out"
+    assert _run([str(path), str(out), *args], capsys)[0] == 0
+    rc, err = _run([str(path), str(out), *args], capsys)
+    assert rc == 0, err  # the same command again: already complete
+    other = tmp_path / "other" / path.name
+    other.parent.mkdir()
+    _without_last_image(path, other)
+    rc, err = _run([str(other), str(out), *args], capsys)
+    assert rc == 2 and "already exists and was written from another source" in err, err
+    if kind == "kaggle zip":  # its val labels changed
+        import zipfile
+
+        relabelled = tmp_path / "relabelled" / path.name
+        relabelled.parent.mkdir()
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(relabelled, "w") as dst:
+            for m in src.infolist():
+                data = src.read(m)
+                if m.filename == "LOC_val_solution.csv":
+                    data = data.replace(b",n01 ", b",n02 ", 1)
+                dst.writestr(m, data)
+        rc, err = _run([str(relabelled), str(out), *args], capsys)
+        assert rc == 2 and "already exists and was written from another source" in err, err
+    rc, err = _run([str(other), str(out), *args, "--overwrite"], capsys)
+    assert rc == 0, err
