@@ -415,7 +415,10 @@ class Run:
         args, loader, device = self.args, self.train_loader, self.device
         self.model.train()
         first = loader.state_dict()["position"] if self.seq else 0
-        total = min(len(loader), args.max_iters) if args.max_iters else len(loader)
+        batches = iter(loader)
+        # the plan's batches: the epoch's, or after a resume on other settings its rest's
+        planned = first + len(batches) if self.seq else len(loader)
+        total = min(planned, args.max_iters) if args.max_iters else planned
         log = None
         if args.log_batches:  # rank 0 to the file, rank r to FILE.rank<r>
             log = open(args.log_batches + ("" if self.main else f".rank{self.rank}"), "a")
@@ -423,7 +426,7 @@ class Run:
         seen = correct = 0
         loss_sum, start = 0.0, time.perf_counter()
         try:
-            for i, (images, target) in enumerate(loader, first) if first < total else ():
+            for i, (images, target) in enumerate(batches, first) if first < total else ():
                 images = images.to(device, non_blocking=True)
                 target = target.to(device, non_blocking=True)
                 output = self.model(images)
