@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from seqloader.read.direct import IO_MODES  # noqa: E402
+from seqloader.read.iomode import IO_MODES  # noqa: E402
 from benchpaths import add_data_argument, add_out_argument, out_dir  # noqa: E402
 from hdd_compare import (REPO, CpuAccount, drops, fmt, git_state, log, loadavg,  # noqa: E402
                          machine, machine_md, run_cmd, wait_quiet, warm_files)

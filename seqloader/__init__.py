@@ -9,10 +9,12 @@ imported on first use, so the preprocessing CLI starts without loading torch.
 """
 from .version import __version__
 
+from .dataflow.diagnosis import DataWaitWarning, Diagnose
 from .dataflow.gpugather import GPUOptions
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
 from .dataflow.lmdbdata import LMDBData
 from .dataflow.shuffle import LocallyShuffleData
+from .dataflow.stats import format_stats
 from .dataflow.stages import (BatchData, DataFlow, MapData, MapDataComponent,
                               MultiProcessMapData)
 from .errors import (BadImageError, DeviceError, EmptyDatabaseError, FormatError, IncompleteError,
@@ -37,7 +39,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "__version__", "Loader", "ImagenetLoader", "GPUOptions", "preprocess", "write_dataset", "WriteOptions",
+    "__version__", "Loader", "ImagenetLoader", "GPUOptions", "Diagnose", "DataWaitWarning",
+    "format_stats", "preprocess", "write_dataset", "WriteOptions",
     "open_database", "DataFlow", "LMDBData", "LocallyShuffleData", "BatchData", "MapData",
     "MapDataComponent", "MultiProcessMapData", "MultiProcessMapAndBatchData",
     "SeqloaderError", "FormatError", "IncompleteError", "EmptyDatabaseError", "NoRecordsError",

@@ -13,6 +13,7 @@ tensors (zero-copy, pinned, on a device, normalised there).
 """
 from __future__ import annotations
 
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -26,6 +27,7 @@ from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, EpochPlan, PlanSpec, check_
 from .read.remote import RemoteOptions, is_url, with_timeout
 from .dataflow.batch import BatchData, BatchSpec
 from .dataflow.delivery import Delivery
+from .dataflow.diagnosis import Diagnose
 from .dataflow.gpugather import GPUOptions
 from .dataflow.modechoice import decode_mode
 from .dataflow.mapbatch import MultiProcessMapAndBatchData
@@ -34,8 +36,10 @@ from .dataflow.remainder import Rest, Segment, rest_plan
 from .dataflow.pool import WorkerPool
 from .dataflow.lmdbdata import LMDBData
 from .dataflow.shuffle import LocallyShuffleData, default_warmup
+from .dataflow.stats import LoaderMeter, StageCounters
 from .resume import EpochState, Resumed, check_checkpoint, checkpoint
 from .settings import LoaderSettings, dist_rank_world
+from .measured import Measured
 from .trainers import GradientWindow, TrainerFacing
 
 __all__ = ["Loader", "ImagenetLoader", "DEFAULT_CACHE", "DEFAULT_CHUNK"]
@@ -45,7 +49,7 @@ _SUPERSEDED = ("this iteration over the Loader was ended by a newer iter(loader)
                "(the workers serve one epoch); keep a single iterator")
 
 
-class Loader(TrainerFacing):
+class Loader(TrainerFacing, Measured):
     """Iterate ``(images, labels)`` batches of a seqloader database, DataLoader-style.
 
     ``Loader(imagenet_dir, 'train', transform, batch_size=256, shuffle=True, num_workers=4)``
@@ -81,6 +85,13 @@ class Loader(TrainerFacing):
     Call :meth:`close` (or use ``with``) to stop workers early; they also stop at
     garbage collection and exit.
 
+    :meth:`stats` gives the running epoch's figures (the wait inside ``next()``, each
+    stage's share, the time to the first batch) and :meth:`diagnosis` the stage that
+    limits it; ``diagnose`` (:class:`~seqloader.dataflow.diagnosis.Diagnose`; default:
+    over 10 % of the time over 50 batches) sets when a
+    :class:`~seqloader.dataflow.diagnosis.DataWaitWarning` says so, once per epoch
+    (None: never).  Docs: "Is my training data-bound?" in docs/performance.md.
+
     Memory: ``cache`` records of encoded JPEGs held as page cache (not private
     copies), plus ``num_workers * prefetch`` batch buffers in shared memory.  With
     direct I/O (``io="direct"``, or ``"auto"`` -- the default -- for a database larger
@@ -109,7 +120,8 @@ class Loader(TrainerFacing):
                  prefetch_bytes: int = 128 << 20, io: str = "auto",
                  remote: "RemoteOptions | None" = None, collate_fn: Callable | None = None,
                  decode: "str | GPUOptions" = "cpu",
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                 diagnose: Diagnose | None = Diagnose()):
         LoaderSettings.check(num_workers=num_workers, batch_size=batch_size, cache=cache,
                              seed=seed, prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                              warmup=warmup, timeout=timeout, start_method=start_method, io=io,
@@ -150,6 +162,13 @@ class Loader(TrainerFacing):
         #: the epoch bookkeeping: the next epoch, a loaded position, the one in progress
         self.epochs = EpochState()
         self._adopted_warmup: int | None = None  # a checkpoint's default warm-up
+        if diagnose is not None and not isinstance(diagnose, Diagnose):
+            raise TypeError(f"diagnose must be a seqloader Diagnose(share=, window=) or None "
+                            f"(no warning), got {diagnose!r}")
+        self._diagnose = diagnose
+        # NOTE [ pipeline counters ]: one set per Loader, whatever restarts
+        self._meter = LoaderMeter(StageCounters(), window=(diagnose or Diagnose()).window)
+        self._warned: int | None = None  # the epoch a DataWaitWarning was given for
         self._stages = self._build()
         self._delivery: Delivery | None = None  # (while the stages are reset for iterating)
         # the iteration in progress, weakly: the generator's frame refers to the loader,
@@ -182,10 +201,12 @@ class Loader(TrainerFacing):
         if s.shuffle:
             df = LocallyShuffleData(df, s.cache, warmup=self.warmup)
         df = BatchData(df, s.batch_size, remainder=not s.drop_last)
-        return MultiProcessMapAndBatchData(
+        engine = MultiProcessMapAndBatchData(
             df, s.num_workers, s.transform, target_transform=s.target_transform, output=s.output,
             prefetch=s.prefetch, timeout=s.timeout, start_method=s.start_method,
             read_ahead=s.persistent_workers, decode=s.decode, max_pixels=s.max_pixels)
+        engine.counters = self._meter.counters
+        return engine
 
     def _ready(self) -> MultiProcessMapAndBatchData:
         """The stages, reset for iterating in this process (at the first iteration, and
@@ -306,6 +327,7 @@ class Loader(TrainerFacing):
         epoch, first, before = e.next_epoch, e.resume, e.pending
         plan = self._plan_after(epoch, before) if before else None
         batches = None if plan is None else plan.num_batches
+        self._meter.begin(epoch)
         engine = self._ready()
         window = GradientWindow(self, len(self) if batches is None else batches)
         try:
@@ -322,6 +344,7 @@ class Loader(TrainerFacing):
             e.done = True
         finally:
             window.close()
+            self._meter.finish()
             self._active = None
             if not self.settings.persistent_workers:
                 self._stop_workers()
@@ -329,10 +352,24 @@ class Loader(TrainerFacing):
     def _delivered(self, engine: MultiProcessMapAndBatchData, epoch: int, first: int,
                    plan: EpochPlan | None) -> Iterator[tuple[int, Any]]:
         """``(j, batch)`` for batches ``j >= first`` of ``epoch`` (of ``plan``: a rest),
-        as the caller gets them (NOTE [ decode modes ])."""
+        as the caller gets them (NOTE [ decode modes ]), each timed (NOTE [ pipeline
+        counters ]: ``got`` is when the mode took the batch from the workers)."""
         engine.start()  # (in this thread, which outlives any thread the mode runs)
-        yield from self.settings.decode.delivered(engine.run(epoch, first, plan),
-                                                  self._delivery)
+        sizes = (plan if plan is not None else engine.plan(epoch)).batch_sizes
+        clock, got = time.perf_counter, [0.0]
+
+        def arrivals(batches: Iterator[Any]) -> Iterator[Any]:
+            for batch in batches:
+                got[0] = clock()
+                yield batch
+                del batch  # (its views of the buffer)
+
+        t = clock()
+        for j, out in self.settings.decode.delivered(arrivals(engine.run(epoch, first, plan)),
+                                                     self._delivery):
+            self._counted(int(sizes[j]), t, min(got[0], clock()) if got[0] > t else t)
+            yield j, out
+            t = clock()
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

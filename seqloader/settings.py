@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .format.imagesize import DEFAULT_MAX_PIXELS
-from .read.direct import choose as choose_io
+from .read.iomode import choose as choose_io
 from .read.plan import DEFAULT_CACHE, DEFAULT_CHUNK, check_count
 
 __all__ = ["LoaderSettings", "dist_rank_world"]

@@ -209,7 +209,7 @@ LAYERS = [
     ("seqloader.workers",),  # the worker-process plumbing: serves dataflow, write and tools
     ("seqloader.read", "seqloader.transforms"),
     ("seqloader.dataflow", "seqloader.settings", "seqloader.resume"),
-    ("seqloader.write", "seqloader.trainers"),
+    ("seqloader.write", "seqloader.trainers", "seqloader.measured"),
     ("seqloader.loader",),
     ("seqloader",),  # the package's top level: its explicit re-exports
     ("seqloader.tools",),

@@ -419,3 +419,19 @@ def test_zip_inflate_cost_inflates_every_deflated_member(tmp_path):
     z.write_bytes(bytes(raw))
     with pytest.raises(AssertionError, match="damaged"):
         mod.inflate_cost(z, rounds=1)
+
+
+def test_first_batch_and_stats_cost_run(lmdb_dir, tmp_path):
+    """benchmarks/first_batch.py (issue 39's first-batch and throughput A/B unit) and
+    stats_cost.py, tiny."""
+    out = tmp_path / "rows.jsonl"
+    for transform in ("fused", "cv2"):
+        _script("first_batch.py", str(lmdb_dir), "--transform", transform, "--batch-size", "8",
+                "--epochs", "2", "--out", str(out), cwd=tmp_path)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["transform"] for r in rows] == ["fused", "cv2"]
+    assert all(r["first_batch_s"] > 0 and r["images_per_s"] > 0 for r in rows)
+    assert all(r["stats_first_batch_s"] == pytest.approx(r["first_batch_s"], abs=0.01)
+               for r in rows)
+    p = _script("stats_cost.py", cwd=tmp_path)
+    assert "% of a batch's CPU" in p.stdout and "total" in p.stdout

@@ -60,3 +60,13 @@ def test_bench_on_its_own_has_the_same_boundary(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("seqloader bench: error: ")
     assert "secret" not in err[0] and "HTTP 403" in err[0]
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_a_missing_database_names_the_installed_command(command, tmp_path, capsys):
+    """preprocess_sequential.py is a script of the source tree, not installed by pip: the
+    fix a pip user is told is ``seqloader preprocess``."""
+    assert cli.main([command, str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not exist" in err, err
+    assert "seqloader preprocess <imagenet dir> " in err, err

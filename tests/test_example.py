@@ -379,3 +379,21 @@ def test_sigterm_under_torchrun_then_resume_on_one_process(tmp_path):
     assert sorted(got) == list(range(96))  # each record once (1 process: nothing dropped)
     for e in range(epoch + 1, 2):
         assert sorted(after[e]) == list(range(96))
+
+
+@pytest.mark.slow
+def test_progress_bar_after_a_resume_on_another_batch_size_ends_full(data, tmp_path):
+    """After a resume on other settings the epoch's rest has its own number of batches:
+    the bar's total is that, so it ends at N/N (it ended at 3/6), and every record of the
+    rest is trained."""
+    import re
+
+    ck = tmp_path / "ck"
+    run(data / "lmdb", *SMALL, "--epochs", "1", "--checkpoint-dir", ck, "--stop-after-iters", 2,
+        cwd=data, expect=130)
+    small = [a if a != "8" else "12" for a in SMALL]  # batch 8 -> 12: 32 records left, 3 batches
+    q = run(data / "lmdb", *small, "--epochs", "1", "--checkpoint-dir", ck,
+            "--log-batches", tmp_path / "rest.log", "--resume", ck / "checkpoint.pth.tar", cwd=data)
+    bars = re.findall(r"train 0:[^\r\n]*?(\d+)/(\d+)", q.stderr)
+    assert bars and bars[-1] == ("3", "3"), bars[-3:]
+    assert sum(len(line.split()) - 3 for line in batches(tmp_path / "rest.log")) == 32

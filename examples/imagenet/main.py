@@ -24,8 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import seqloader.transforms as T
-from seqloader import Loader
-from seqloader.read.direct import IO_MODES
+from seqloader import Loader, format_stats
+from seqloader.read.iomode import IO_MODES
 from seqloader.errors import FormatError
 
 try:  # optional: without torchvision, the ResNet-18 below is used
@@ -415,7 +415,10 @@ class Run:
         args, loader, device = self.args, self.train_loader, self.device
         self.model.train()
         first = loader.state_dict()["position"] if self.seq else 0
-        total = min(len(loader), args.max_iters) if args.max_iters else len(loader)
+        batches = iter(loader)
+        # the plan's batches: the epoch's, or after a resume on other settings its rest's
+        planned = first + len(batches) if self.seq else len(loader)
+        total = min(planned, args.max_iters) if args.max_iters else planned
         log = None
         if args.log_batches:  # rank 0 to the file, rank r to FILE.rank<r>
             log = open(args.log_batches + ("" if self.main else f".rank{self.rank}"), "a")
@@ -423,7 +426,7 @@ class Run:
         seen = correct = 0
         loss_sum, start = 0.0, time.perf_counter()
         try:
-            for i, (images, target) in enumerate(loader, first) if first < total else ():
+            for i, (images, target) in enumerate(batches, first) if first < total else ():
                 images = images.to(device, non_blocking=True)
                 target = target.to(device, non_blocking=True)
                 output = self.model(images)
@@ -441,8 +444,11 @@ class Run:
                 correct += topk_correct(output, target, [1])[0]
                 bar.update(1)
                 if (i + 1 - first) % args.print_freq == 0 or i + 1 == total:
+                    # the data-wait share: how much of the time the loop waited for batches
+                    wait = loader.stats().get("wait_share") if self.seq else None
                     bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc1=f"{100 * correct / seen:.2f}",
-                                    img_s=f"{seen * self.world / (time.perf_counter() - start):.1f}")
+                                    img_s=f"{seen * self.world / (time.perf_counter() - start):.1f}",
+                                    **({} if wait is None else {"data_wait": f"{100 * wait:.0f}%"}))
                 self.iters_run += 1
                 if args.stop_after_iters and self.iters_run >= args.stop_after_iters:
                     self.stopper.signum = self.stopper.signum or signal.SIGINT  # as if Ctrl-C
@@ -456,6 +462,9 @@ class Run:
             bar.close()
             if log is not None:
                 log.close()
+            if self.seq and self.main:  # the loader's figures of the epoch, on one line
+                print(f"train {epoch} data: {format_stats(loader.stats())}", file=sys.stderr,
+                      flush=True)
         return None
 
     def validate(self):

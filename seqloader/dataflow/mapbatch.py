@@ -13,6 +13,7 @@ from .base import DataFlow, ProxyDataFlow
 from .batch import Batch, BatchSpec, slot_views
 from .decodemode import DecodeMode
 from .modechoice import decode_mode
+from .stats import StageCounters
 
 __all__ = ["MultiProcessMapAndBatchData", "batch_spec"]
 
@@ -77,6 +78,9 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
         self._spec: BatchSpec | None = None
         self.device_normalize: Any = None
         self.pool: Any = None
+        #: the workers' and the feed thread's counters, kept across worker restarts
+        #: (NOTE [ pipeline counters ])
+        self.counters = StageCounters()
 
     @property
     def spec(self) -> BatchSpec:
@@ -104,6 +108,7 @@ class MultiProcessMapAndBatchData(ProxyDataFlow):
             from .pool import WorkerPool
             self.pool = WorkerPool(self.spec, self.num_workers, prefetch=self.prefetch,
                                    start_method=self.start_method, timeout=self.timeout)
+            self.pool.counters = self.counters
         self.pool.start()
 
     def run(self, epoch: int, first: int = 0, plan: EpochPlan | None = None) -> Iterator[Batch]:

@@ -16,7 +16,9 @@ NOTE [ worker lifecycle ]
   handed out: the workers start on the next epoch while the last batches are
   consumed, instead of idling at every epoch boundary while the shuffle buffer
   refills; a next epoch that is not the one expected cancels that work);
-  the worker decodes into the same buffer and answers ``done``; the parent takes
+  the worker decodes into the same buffer and answers ``done`` with its wall and CPU
+  time (NOTE [ pipeline counters ]); the first batch a new feed thread sends goes to
+  every worker in parts (NOTE [ first batch split ]); the parent takes
   the answers in plan order and hands the buffer to the caller, who either copies
   it out or *leases* it (:meth:`WorkerPool.lease`: the batch tensor is a view of
   the buffer, which returns to the pool when the tensor is garbage-collected).
@@ -47,8 +49,10 @@ from ..read.plan import EpochPlan
 from .batch import BatchSpec, slot_views
 from .decode import batch_rng
 from .feedthread import Feed, FeedThread
+from .firstbatch import splittable
 from ..workers.processgroup import ProcessGroup, kill, serve, unmap_later
 from ..workers.threads import prepare_worker
+from .stats import StageCounters
 
 __all__ = ["WorkerPool", "WorkerError", "WorkerDiedError"]
 
@@ -64,9 +68,10 @@ def _worker_main(spec: BatchSpec, names: list[str], generation: Any, conn: Conne
         if msg[0] == "cancel":
             conn.send(("cancelled", msg[1]))
             return
-        _, gen, epoch, j, slot, n, offsets, indices, inline = msg
+        _, gen, epoch, j, slot, n, offsets, indices, inline, *part = msg
         if gen == generation.value:  # (else the epoch was cancelled: skip queued work fast)
-            conn.send(_decode(spec, shms[slot].buf, epoch, j, slot, n, offsets, indices, inline))
+            conn.send(_decode(spec, shms[slot].buf, epoch, j, slot, n, offsets, indices, inline,
+                              *part))
     try:
         serve(conn, main_pid, handle)
     finally:
@@ -78,14 +83,24 @@ def _worker_main(spec: BatchSpec, names: list[str], generation: Any, conn: Conne
 
 
 def _decode(spec: BatchSpec, buf: Any, epoch: int, j: int, slot: int, n: int,
-            offsets: list[int], indices: list[int], inline: list[bytes] | None) -> tuple:
+            offsets: list[int], indices: list[int], inline: list[bytes] | None,
+            part: tuple | None = None) -> tuple:
+    """Decode batch ``j`` (or records ``[a, b)`` of it, ``part = (a, b, generator,
+    parts)``: NOTE [ first batch split ]) into its buffer; the answer for the parent."""
+    t, cpu = time.perf_counter(), time.process_time()  # NOTE [ pipeline counters ]
     labels, samples, whole = slot_views(buf, spec, n)
+    a, b, rng, parts = part if part is not None else (0, n, None, 1)
     try:
         values = inline if inline is not None else [
-            whole[offsets[i]:offsets[i + 1]].data for i in range(n)]
+            whole[offsets[i]:offsets[i + 1]].data for i in range(b - a)]
+        if part is not None:  # (rng None: an earlier record's draw failed, this part waits)
+            if rng is not None:
+                spec.mode.fill(spec, whole, values, indices, labels[a:b], samples[a:b], rng)
+            return ("done", epoch, j, slot, b - a, time.perf_counter() - t,
+                    time.process_time() - cpu, parts)
         rng = batch_rng(spec.seed, epoch, spec.rank, j)
         spec.mode.fill(spec, whole, values, indices, labels, samples, rng)  # NOTE [ decode modes ]
-        return ("done", epoch, j, slot)
+        return ("done", epoch, j, slot, n, time.perf_counter() - t, time.process_time() - cpu)
     except RecordError as e:
         return ("error", epoch, j, slot, e)
     except Exception as e:  # pragma: no cover - decode_batch wraps per-record errors
@@ -140,6 +155,9 @@ class WorkerPool:
         self._leased: set[int] = set()  # buffers the caller holds as batch tensors
         self._run = 0  # counts closes: a lease token (slot numbers are reused by restarts)
         self._sent: dict[tuple[int, int], float] = {}  # (epoch, batch) -> when submitted
+        #: the stages' counters the workers' and the feed thread's figures go to
+        #: (NOTE [ pipeline counters ])
+        self.counters = StageCounters()
 
     # ------------------------------------------------ the feed thread's API
     @property
@@ -236,6 +254,8 @@ class WorkerPool:
     def _feed(self, feed: Feed, plan: EpochPlan, first: int, free: "queue.Queue[int]",
               then: EpochPlan | None = None) -> None:
         self._reader = FeedThread(self, feed, plan, first, free)
+        if splittable(self.spec, self.num_workers):  # NOTE [ first batch split ]
+            self._reader.split = self.num_workers
         if then is not None:
             self._reader.extend(then)
         self._reader.start()
@@ -281,11 +301,16 @@ class WorkerPool:
                 w = plan.worker_of(j)
                 msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}",
                                  (plan.epoch, j))
-                if msg[0] == "error":
-                    err: RecordError = msg[4]
-                    self._cancel()
-                    raise err.in_worker(w, self.group.pid(w)) from err.remote_cause()
-                kind, epoch, got, slot = msg
+                for k in range(msg[7] if len(msg) > 7 else 1):  # NOTE [ first batch split ]
+                    if k:
+                        w = (plan.worker_of(j) + k) % self.num_workers
+                        msg = self._recv(w, self.timeout, f"batch {j} of epoch {plan.epoch}")
+                    if msg[0] == "error":
+                        err: RecordError = msg[4]
+                        self._cancel()
+                        raise err.in_worker(w, self.group.pid(w)) from err.remote_cause()
+                    self.counters.decoded(*msg[4:7])
+                kind, epoch, got, slot = msg[:4]
                 if (kind, epoch, got) != ("done", plan.epoch, j):  # pragma: no cover - invariant
                     raise AssertionError(f"expected batch {j} of epoch {plan.epoch} from worker "
                                          f"{w}, got {msg[:3]}")

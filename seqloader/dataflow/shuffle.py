@@ -221,6 +221,8 @@ class LocallyShuffleData(ProxyDataFlow):
         self.source = df if isinstance(df, LMDBData) else None
         self.planned = "records" if self.source is not None else None
         self.epoch = 0
+        #: the shuffle buffer of the pass in progress (or the last), or None
+        self.buffer: ShuffleBuffer | None = None
 
     @property
     def plan_spec(self) -> PlanSpec:
@@ -249,6 +251,7 @@ class LocallyShuffleData(ProxyDataFlow):
         buf = replay(n, self.buffer_size, shuffle_rng(src.seed, plan.epoch, src.rank, plan.segment),
                      outputs=min(skip, n), warmup=self._warmup(plan), eager=eager)
         pos = buf.consumed
+        self.buffer = buf  # (its fill, for the Loader's stats)
         # the records read but not yet emitted, as (index, value) by stream position;
         # first the buffer at `skip`
         held = {int(p): (int(i), src.get(int(i)))

@@ -127,7 +127,8 @@ def find_database(path: str | Path, split: str | None = None) -> list[Path]:
                             "name the split too (e.g. 'train'), or pass the .lmdb file itself")
     if not p.exists():
         raise NotFoundError(f"database {p} does not exist. Create it with "
-                            "`python preprocess_sequential.py <imagenet dir> <lmdb dir>`")
+                            "`seqloader preprocess <imagenet dir> <lmdb dir>` "
+                            "(or preprocess_sequential.py)")
     m = _SHARD_RE.match(p.name)
     if m:
         return _check_shard_set(sorted(p.parent.glob(f"{glob.escape(m['stem'])}-?????-of-{m['n']}.lmdb")))

@@ -28,8 +28,8 @@ memory (RSS), not reclaimable cache.
 The page cache still wins when the split fits in RAM and is read for many epochs
 (from the second epoch on nothing is read at all), so ``io="auto"`` chooses direct
 I/O only for databases larger than half the memory the process may fill (RAM, or a
-lower cgroup limit: :func:`choose`).  File systems that refuse ``O_DIRECT`` (tmpfs
-before Linux 6.6, some FUSE mounts) are read buffered.
+lower cgroup limit: :func:`~seqloader.read.iomode.choose`).  File systems that refuse
+``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE mounts) are read buffered.
 """
 from __future__ import annotations
 
@@ -46,72 +46,13 @@ from ..errors import FormatError
 from .pages import address
 from .bytesource import Part
 
-__all__ = ["IO_MODES", "DirectStream", "Part", "cgroup_memory_limit", "choose", "open_direct",
-           "physical_memory"]
+__all__ = ["DirectStream", "Part", "open_direct"]
 
-IO_MODES = ("auto", "buffered", "direct")
 #: O_DIRECT needs offsets, lengths and buffer addresses aligned to the device's logical
 #: block (512 B or 4 KiB); page alignment satisfies both.
 ALIGN = 4096
 #: How long one read may take before the disk is reported unresponsive.
 READ_TIMEOUT = 120.0
-
-
-def physical_memory(root: str = "/") -> int:
-    """Bytes of memory this process may fill with page cache: the physical memory, or
-    its cgroup's limit when lower (a SLURM job or container is charged for the page
-    cache its reads fill, so there the limit is what matters).  0 when unknown."""
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        total = 0
-    limit = cgroup_memory_limit(root)
-    if limit and (not total or limit < total):
-        return limit
-    return total
-
-
-def cgroup_memory_limit(root: str = "/") -> int | None:
-    """The memory limit of this process's cgroup (v2 ``memory.max`` or v1
-    ``memory.limit_in_bytes``), None when there is none; ``root`` for tests."""
-    try:
-        with open(os.path.join(root, "proc/self/cgroup")) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            candidate = os.path.join(root, "sys/fs/cgroup", path.lstrip("/"), "memory.max")
-        elif "memory" in controllers.split(","):
-            candidate = os.path.join(root, "sys/fs/cgroup/memory", path.lstrip("/"),
-                                     "memory.limit_in_bytes")
-        else:
-            continue
-        try:
-            with open(candidate) as f:
-                value = f.read().strip()
-        except OSError:
-            continue
-        if value.isdigit() and int(value) < 1 << 60:  # "max" / ~2^63: no limit
-            return int(value)
-    return None
-
-
-def choose(io: str, total_bytes: int, memory: int | None = None) -> bool:
-    """Whether to read with direct I/O: ``io`` is ``"direct"``, or ``"auto"`` and the
-    database (``total_bytes``) is larger than half of ``memory`` (default:
-    :func:`physical_memory`, which honours a cgroup limit), so the page cache could not
-    keep it from one epoch to the next anyway."""
-    if io not in IO_MODES:
-        raise ValueError(f"io must be one of {', '.join(map(repr, IO_MODES))}, got {io!r}")
-    if io != "auto":
-        return io == "direct"
-    memory = physical_memory() if memory is None else memory
-    return memory > 0 and total_bytes > memory // 2
 
 
 def open_direct(path: str) -> int | None:

@@ -18,7 +18,7 @@ import numpy as np
 from .database import Database, check_identity
 from .buffered import BufferedSource
 from . import direct
-from .direct import choose
+from .iomode import choose
 from .raw import encoded, unmap_file
 from .shard import RemoteShard, Shard
 from .bytesource import ByteSource, Part
@@ -40,7 +40,7 @@ class RangeReader:
     index, value)`` where ``value`` is a read-only memoryview into the file's map, valid
     until :meth:`close` -- or, with direct I/O or a remote database, of a private copy
     (NOTE [ direct I/O ]; ``io`` is ``"auto"``, ``"buffered"`` or ``"direct"``, see
-    :func:`seqloader.read.direct.choose`; files without record extents, or on a file system
+    :func:`seqloader.read.iomode.choose`; files without record extents, or on a file system
     without ``O_DIRECT``, are always read buffered).  ``fault_in``: NOTE [ fault or
     pread ].  Not thread-safe.
     """
@@ -58,6 +58,11 @@ class RangeReader:
         self._shards: list[Shard] | None = None
         self._source: ByteSource | None = None
         self._lent: set[int] = set()  # files of the views `encoded` returned last
+
+    @property
+    def byte_source(self) -> ByteSource | None:
+        """The open byte source (buffered, direct or remote), or None before the first read."""
+        return self._source
 
     @property
     def direct(self) -> bool:
@@ -209,7 +214,7 @@ class RangeReader:
 def open_byte_source(shards: Sequence[Any], *, io: str, total_bytes: int, window: int,
                      fault_in: bool, remote: "RemoteSource | None" = None) -> ByteSource:
     """The source for ``shards`` (:class:`~seqloader.read.shard.Shard` s): remote for a
-    remote database; direct I/O when :func:`~seqloader.read.direct.choose` says so and
+    remote database; direct I/O when :func:`~seqloader.read.iomode.choose` says so and
     every file has record extents on a file system with ``O_DIRECT`` (else buffered,
     with a warning when ``io="direct"`` was asked for); buffered otherwise.  ``window``
     is the read-ahead in bytes, ``fault_in`` as for the reader."""
@@ -217,7 +222,7 @@ def open_byte_source(shards: Sequence[Any], *, io: str, total_bytes: int, window
         from .remote import RemoteStream
 
         return RemoteStream(remote, window)
-    if direct.choose(io, total_bytes):
+    if choose(io, total_bytes):
         why = _open_direct(shards)
         if why is None:
             return direct.DirectStream(window)

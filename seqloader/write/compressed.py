@@ -48,10 +48,14 @@ class Checked(io.RawIOBase):
     """A decompressing reader whose library errors become :class:`CorruptStreamError`
     (NOTE [ compressed streams ]).  It keeps the position itself: a forward seek reads
     through, and a seek back over the last :data:`_BACK` bytes (the walk re-reads the
-    end-of-archive block it stopped at) is served from what was read."""
+    end-of-archive block it stopped at) is served from what was read.  Closing it closes
+    ``under`` too, the stream the decompressor reads (bz2/lzma leave it open, and dropping
+    an open buffered file warns "unclosed file")."""
 
-    def __init__(self, inner, name: str, errors: tuple[type[BaseException], ...]):
+    def __init__(self, inner, name: str, errors: tuple[type[BaseException], ...],
+                 under=None):
         self._inner, self._name, self._errors = inner, name, errors
+        self._under = under
         self._pos = 0
         self._tail = b""  # the last bytes read, ending at the inner stream's position
         self._replay = 0  # how many of them are read again before the inner stream
@@ -112,7 +116,11 @@ class Checked(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._inner.close()
+            try:
+                self._inner.close()
+            finally:
+                if self._under is not None:
+                    self._under.close()
         super().close()
 
 
@@ -125,9 +133,9 @@ def decompressed(fileobj, where: str):
     if kind == "gzip":
         return gzip.GzipFile(fileobj=fileobj, mode="rb")
     if kind == "bzip2":
-        return Checked(bz2.BZ2File(fileobj, "rb"), kind, (OSError, ValueError))
+        return Checked(bz2.BZ2File(fileobj, "rb"), kind, (OSError, ValueError), fileobj)
     if kind == "xz":
-        return Checked(lzma.LZMAFile(fileobj, "rb"), kind, (lzma.LZMAError,))
+        return Checked(lzma.LZMAFile(fileobj, "rb"), kind, (lzma.LZMAError,), fileobj)
     if kind == "zstd":
         try:
             import zstandard
@@ -135,5 +143,5 @@ def decompressed(fileobj, where: str):
             raise ValueError(f"not supported: {where} is zstd-compressed; {ZSTD_HELP}") from None
         reader = zstandard.ZstdDecompressor().stream_reader(fileobj, read_across_frames=True,
                                                             closefd=False)
-        return Checked(reader, kind, (zstandard.ZstdError, OSError))
+        return Checked(reader, kind, (zstandard.ZstdError, OSError), fileobj)
     return fileobj

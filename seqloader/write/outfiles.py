@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..format.files import bad_files_path, is_shard_name
 
-__all__ = ["WARNED", "lock_or_fail", "lock_file", "partials", "remove_partial", "remove_db",
+__all__ = ["WARNED", "bad_files_said", "BAD_FILES_SAID", "lock_or_fail", "lock_file", "partials", "remove_partial", "remove_db",
            "report_path", "read_regular", "write_report"]
 
 
@@ -105,3 +105,16 @@ def write_report(final: Path, bad_files: list[list[str]],
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, report)
+
+
+# the words of the bad-files warning, which the uploader recognises to say it again with URLs
+BAD_FILES_SAID = ("were skipped as bad", "decoded with a warning")
+
+
+def bad_files_said(num_bad: int, num_warned: int) -> str:
+    """The bad-files warning's count clause: what was skipped (undecodable, or over the
+    pixel limit: the report says which) and what was stored with a decoder warning."""
+    said = [f"{num_bad} file(s) {BAD_FILES_SAID[0]} (undecodable or over the pixel limit)"
+            * bool(num_bad),
+            f"{num_warned} file(s) {BAD_FILES_SAID[1]} and were stored" * bool(num_warned)]
+    return "; ".join(s for s in said if s)

@@ -53,7 +53,7 @@ from ..read.remote import remote_extra_missing, safe_url, stat_remote
 from ..read.remotefaults import call_with_timeout, retrying
 from ..read.database import close_env, open_env, read_meta
 from .scan import Scan
-from .outfiles import write_report
+from .outfiles import BAD_FILES_SAID, bad_files_said, write_report
 from .options import ShardResult, WriteOptions, WriteReport, scan_fingerprint, write_order
 from .writer import write_split
 
@@ -190,11 +190,8 @@ class Uploader:
         _cleanup(self.staging)
         bad = [r for r in report.shards if r.bad_files or r.warned_files]
         if bad:
-            said = [f"{len(report.bad_files)} file(s) could not be decoded and were skipped"
-                    * bool(report.bad_files),
-                    f"{len(report.warned_files)} file(s) decoded with a warning and were stored"
-                    * bool(report.warned_files)]
-            warnings.warn(f"{split}: {'; '.join(s for s in said if s)}; see "
+            said = bad_files_said(len(report.bad_files), len(report.warned_files))
+            warnings.warn(f"{split}: {said}; see "
                           f"{', '.join(f'{r.path}.bad-files.tsv' for r in bad[:3])}"
                           f"{f' (+{len(bad) - 3} more)' if len(bad) > 3 else ''}", stacklevel=3)
         return report
@@ -336,7 +333,7 @@ def _local_meta(path: Path) -> Meta:
 def _about_bad_files(m: warnings.WarningMessage) -> bool:
     """The local writer's bad-files warning (names staging paths: said again with URLs)."""
     text = str(m.message)
-    return "could not be decoded" in text or "decoded with a warning" in text
+    return any(words in text for words in BAD_FILES_SAID)
 
 
 def _cleanup(staging: Path) -> None:

@@ -44,7 +44,8 @@ import numpy as np
 from ..format.files import shard_files, shard_path
 from .scan import Scan
 from ..errors import BadImageError, NoRecordsError, OutputExistsError
-from .outfiles import lock_file, partials, remove_db, remove_partial, report_path
+from .outfiles import (bad_files_said, lock_file, partials, remove_db, remove_partial,
+                       report_path)
 # (the options and reports are re-exported: the writer's public names)
 from .options import ShardResult, WriteOptions, WriteReport, scan_fingerprint, write_order
 from .shardwriter import Feed, ShardWriter, existing_result
@@ -126,11 +127,8 @@ def write_split(scan: Scan, out: str | Path, split: str,
     if report.bad_files or report.warned_files:
         reports = [str(report_path(r.path)) for r in report.shards
                    if r.bad_files or r.warned_files]
-        said = [f"{len(report.bad_files)} file(s) could not be decoded and were skipped"
-                * bool(report.bad_files),
-                f"{len(report.warned_files)} file(s) decoded with a warning and were stored"
-                * bool(report.warned_files)]
-        warnings.warn(f"{split}: {'; '.join(s for s in said if s)}; see {', '.join(reports[:3])}"
+        said = bad_files_said(len(report.bad_files), len(report.warned_files))
+        warnings.warn(f"{split}: {said}; see {', '.join(reports[:3])}"
                       f"{f' (+{len(reports) - 3} more)' if len(reports) > 3 else ''}", stacklevel=2)
     return report
 

@@ -190,7 +190,7 @@ def test_s3_sharded_opens_in_few_requests(moto, sharded_dir, monkeypatch):
 def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
     """Data GETs go to a presigned URL over http.client (NOTE [ plain ranged GETs ]), not
     through fsspec's event loop; without a signer they fall back to fsspec."""
-    from seqloader.read import httprange, remote
+    from seqloader.read import httprange, remote, remotefs
     from seqloader.read.database import open_database
 
     want = _all_records(open_database(lmdb_dir, "train"))
@@ -201,7 +201,7 @@ def test_s3_data_takes_the_plain_http_path(moto, s3_url, lmdb_dir, monkeypatch):
                         real_get(self, a, b, t))
     assert _all_records(db) == want and calls == []
     monkeypatch.setattr(httprange, "_SIGN_SECONDS", 0)  # (signed again on every GET)
-    monkeypatch.setattr(remote, "_PLAIN", {})
+    monkeypatch.setattr(remotefs, "_PLAIN", {})
     fs, _ = remote.filesystem(db.paths[0], db.remote.options)
     monkeypatch.setattr(type(fs), "sign", lambda *a, **k: (_ for _ in ()).throw(
         NotImplementedError("no signer")))
@@ -488,3 +488,19 @@ def test_urls_never_show_credentials():
     e = OSError("GET https://user:pw@host/x?X-Amz-Signature=abc failed")
     text = describe(e, "https://user:pw@host/x?X-Amz-Signature=abc")
     assert "pw" not in text and "abc" not in text
+
+
+def test_s3_loader_stats_give_the_block_caches_hit_rate(moto, s3_url, tmp_path):
+    """``Loader.stats()["cache_hit_rate"]``: the share of blocks served by the local cache
+    since the reader opened -- none in the first epoch, all in the second."""
+    from seqloader import Loader
+
+    opts = _opts(moto, cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 30, block=64 << 10)
+    with Loader(s3_url, "train", None, batch_size=8, num_workers=0, world_size=1, rank=0,
+                remote=opts) as loader:
+        list(loader)
+        first = loader.stats()
+        list(loader)
+        second = loader.stats()
+    assert first["cache_hit_rate"] == 0.0 and first["read_mb_per_s"] >= 0
+    assert 0.4 <= second["cache_hit_rate"] <= 0.6  # (half of all the blocks read)

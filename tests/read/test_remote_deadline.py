@@ -106,10 +106,10 @@ def test_dripping_server_mid_epoch(moto, s3_url, proxy_factory, workers):
 @pytest.fixture
 def quick_budget(monkeypatch):
     """The process's default remote budget (what preprocess uploads with): 0.5 s, 1.5 s."""
-    from seqloader.read import remote
+    from seqloader.read import remotefs
 
-    monkeypatch.setattr(remote, "_DEFAULT_BUDGET", {})
-    remote.set_default_budget(timeout=0.5, deadline=1.5)
+    monkeypatch.setattr(remotefs, "_DEFAULT_BUDGET", {})
+    remotefs.set_default_budget(timeout=0.5, deadline=1.5)
 
 
 @pytest.mark.needs("s3fs", "moto")

@@ -131,7 +131,7 @@ def test_remote_budget_options_on_every_url_command():
     """``--remote-timeout`` / ``--remote-deadline`` on the commands that open URLs,
     checked (> 0), and what a URL is opened with when code passes no RemoteOptions."""
     from seqloader.cli import build_parser
-    from seqloader.read import remote
+    from seqloader.read import remote, remotefs
 
     ap = build_parser()
     for cmd in (["info", "x"], ["verify", "x"], ["bench", "x"], ["preprocess", "a", "b"],
@@ -140,11 +140,11 @@ def test_remote_budget_options_on_every_url_command():
         assert (args.remote_timeout, args.remote_deadline) == (2.5, 7.0), cmd
     out, _ = _cli("info", "x", "--remote-deadline", "0")
     assert out.returncode == 2 and "must be > 0" in out.stderr
-    saved = dict(remote._DEFAULT_BUDGET)
+    saved = dict(remotefs._DEFAULT_BUDGET)
     try:
         remote.set_default_budget(timeout=2.0, deadline=7.0)
         o = remote.default_options()
         assert (o.timeout, o.connect_timeout, o.deadline) == (2.0, 2.0, 7.0)
     finally:
-        remote._DEFAULT_BUDGET.clear()
-        remote._DEFAULT_BUDGET.update(saved)
+        remotefs._DEFAULT_BUDGET.clear()
+        remotefs._DEFAULT_BUDGET.update(saved)

@@ -253,7 +253,7 @@ def test_files_loader_skips_what_preprocessing_skipped(data, tmp_path, capsys):
     (cls / "zz_cut.JPEG").write_bytes(good[: len(good) // 2])
     (cls / os.fsdecode(b"zz_bad\xe9.JPEG")).write_bytes(b"not a JPEG")  # a non-UTF-8 name
     db = tmp_path / "lmdb"
-    with pytest.warns(UserWarning, match="3 file.s. could not be decoded"):
+    with pytest.warns(UserWarning, match="3 file.s. were skipped as bad"):
         preprocess(tree, db, options=WriteOptions(progress=False, workers=1))
     doc = _run_json(capsys, [str(db), "--files", str(tree), "--loader", "both", "--mode", "full",
                              "--workers", "0", "--batch-size", "8", "--batches", "8",

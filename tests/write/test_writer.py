@@ -95,7 +95,7 @@ def test_bad_files_are_reported_not_fatal(synth_tree, lmdb_dir):
 
 
 def test_bad_file_warning_counts_them(synth_tree, tmp_path):
-    with pytest.warns(UserWarning, match=rf"{len(synth_tree.bad_files)} file\(s\) could not be decoded"):
+    with pytest.warns(UserWarning, match=rf"{len(synth_tree.bad_files)} file\(s\) were skipped as bad"):
         preprocess(synth_tree.root, tmp_path, splits=["train"], options=_opts())
 
 

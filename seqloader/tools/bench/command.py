@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...read.direct import IO_MODES
+from ...read.iomode import IO_MODES
 from .data import Inputs, db_sample, files_sample
 from .machine import CLK_TCK, cpu_model, meminfo, process_tree, storage, usable_cores
 from .measure import MB, MIN_CPU_WINDOW

@@ -81,6 +81,10 @@ def format_report(doc: dict[str, Any]) -> str:
             lines[-1] += f"  (!) processes left: {r['leftover_processes']}"
     lines.append("* estimated: images x mean encoded size.  cache: state and % of the data's "
                  "pages resident before the run (mincore; '-' if unknown)")
+    found = [r for r in doc["results"] if r.get("diagnosis")]
+    if found:  # (the Loader's diagnosis over each run's last batches: no model waits here)
+        lines += ["", "limiting stage (seqloader runs, over their last batches):"]
+        lines += [f"  {r['mode']} w={r['workers']}: {r['diagnosis']}" for r in found]
     q = doc.get("quality")
     if q:
         lines.append("")

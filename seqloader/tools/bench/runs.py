@@ -60,7 +60,7 @@ RESULT_KEYS = ("loader", "mode", "workers", "batch_size", "images", "batches", "
                "evicted", "resident_before", "pipeline", "stopped", "warmup_batches", "epochs",
                "per_process_images_per_s", "scale", "rehearsal_first_batch_s",
                "disk_mb_per_s", "major_faults", "sample_records", "sample_mean_bytes",
-               "data_mean_bytes", "io")
+               "data_mean_bytes", "io", "diagnosis")
 
 
 class _Epochs:
@@ -69,6 +69,7 @@ class _Epochs:
     def __init__(self, loader: Any) -> None:
         self.loader, self.epochs = loader, 0
         self.io: str | None = None  # how the loader's reader read ("buffered"/"direct")
+        self.diagnosis: str | None = None  # the stage that limited it, and why
 
     def __iter__(self):
         if len(self.loader) == 0:
@@ -81,6 +82,8 @@ class _Epochs:
             yield from self.loader
 
     def close(self) -> None:
+        found = self.loader.diagnosis()  # (over the last batches measured)
+        self.diagnosis = None if found is None else found.message
         try:  # (before it is closed: the reader goes with it)
             self.io = "direct" if self.loader.pipeline.source.reader.direct else "buffered"
         except RuntimeError:  # (never iterated: no reader)
@@ -149,7 +152,8 @@ def run_one(args: argparse.Namespace, src: Inputs, loader: str, mode: str, worke
         pipeline += " (in the main process: the loader started no workers)"
     row.update(bytes_exact=not (loader == "seqloader" and mode != "raw"), pipeline=pipeline,
                epochs=getattr(holder.get("it"), "epochs", None),
-               io=getattr(holder.get("it"), "io", None))
+               io=getattr(holder.get("it"), "io", None),
+               diagnosis=getattr(holder.get("it"), "diagnosis", None))
     return _row(row)
 
 
