@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import remote_servers as rs  # noqa: E402
-from test_remote_faults import (_MID_EPOCH, _env, _fast, _records, moto, nginx,  # noqa: E402,F401
+from test_remote_faults import (_env, _fast, _records, fault_mid_epoch, moto, nginx,  # noqa: E402,F401
                                 proxy_factory, s3_url, www)
 
 #: the budget of `_fast` (1 s per request, 3 s per block) plus one connect and slack
@@ -79,24 +79,7 @@ def test_dripping_http_server_at_opening(nginx, proxy_factory):
 def test_dripping_server_mid_epoch(moto, s3_url, proxy_factory, workers):
     """The server starts dripping after opening: RemoteTimeoutError within the deadline
     with 0 and 2 workers, and the process exits promptly."""
-    allowed = [1 << 30]
-    proxy = proxy_factory(moto.port, lambda n, line: "drip" if n >= allowed[0] else None)
-    proc = subprocess.Popen([sys.executable, "-c", _MID_EPOCH, s3_url, proxy.url, str(workers),
-                             "0"], env=_env(moto), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "opened", proc.stderr.read()
-        allowed[0] = proxy.count + 1
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        printed = time.monotonic()
-        proc.wait(30)
-        exit_after = time.monotonic() - printed
-    finally:
-        proc.kill()
-    assert line.startswith("{"), proc.stderr.read()[-3000:]
-    out = json.loads(line)
+    out, exit_after, _, proxy = fault_mid_epoch(moto, s3_url, proxy_factory, "drip", workers)
     assert out["error"] == "RemoteTimeoutError", out
     assert out["took"] < WITHIN, out
     assert exit_after < 5.0, exit_after

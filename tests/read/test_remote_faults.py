@@ -140,17 +140,13 @@ print(json.dumps(out), flush=True)
 """
 
 
-@pytest.mark.needs("s3fs", "moto")
-@pytest.mark.parametrize("workers,timeout", [(0, 0), (2, 0), (2, 2.0)])
-def test_silent_server_mid_epoch_same_error_and_prompt_exit(moto, s3_url, proxy_factory, workers,
-                                                            timeout):
-    """The server goes silent after opening: with 0 and 2 workers the Loader raises the
-    same RemoteTimeoutError (caught by ``except RemoteError``) within the budget, and
-    the process exits promptly after it (no retries left running).  With the Loader's
-    own ``timeout`` (2 s, below the 3 s deadline) the remote error still names the
-    server, not a worker that was given nothing to do."""
-    allowed = [1 << 30]  # (as below: record 0 still answered)
-    proxy = proxy_factory(moto.port, lambda n, line: "hang" if n >= allowed[0] else None)
+def fault_mid_epoch(moto, s3_url, proxy_factory, fault: str, workers: int, timeout: float = 0):
+    """Open a Loader over ``s3_url`` through a proxy that answers normally until the
+    Loader has opened, then injects ``fault`` into every later request; iterate in a
+    subprocess (``_MID_EPOCH``).  Returns (its JSON line, seconds from that line to
+    the process's exit, its stderr, the proxy: ``injected`` says what it did)."""
+    allowed = [1 << 30]  # (record 0 still answered: the fault starts after opening)
+    proxy = proxy_factory(moto.port, lambda n, line: fault if n >= allowed[0] else None)
     proc = subprocess.Popen([sys.executable, "-c", _MID_EPOCH, s3_url, proxy.url, str(workers),
                              str(timeout)],
                             env=_env(moto), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -166,9 +162,23 @@ def test_silent_server_mid_epoch_same_error_and_prompt_exit(moto, s3_url, proxy_
         exit_after = time.monotonic() - printed
     finally:
         proc.kill()
-    assert line.startswith("{"), proc.stderr.read()[-3000:]
-    out = json.loads(line)
-    assert out["error"] == "RemoteTimeoutError", (out, proc.stderr.read())
+    stderr = proc.stderr.read()
+    assert line.startswith("{"), stderr[-3000:]
+    return json.loads(line), exit_after, stderr, proxy
+
+
+@pytest.mark.needs("s3fs", "moto")
+@pytest.mark.parametrize("workers,timeout", [(0, 0), (2, 0), (2, 2.0)])
+def test_silent_server_mid_epoch_same_error_and_prompt_exit(moto, s3_url, proxy_factory, workers,
+                                                            timeout):
+    """The server goes silent after opening: with 0 and 2 workers the Loader raises the
+    same RemoteTimeoutError (caught by ``except RemoteError``) within the budget, and
+    the process exits promptly after it (no retries left running).  With the Loader's
+    own ``timeout`` (2 s, below the 3 s deadline) the remote error still names the
+    server, not a worker that was given nothing to do."""
+    out, exit_after, stderr, _ = fault_mid_epoch(moto, s3_url, proxy_factory, "hang", workers,
+                                              timeout)
+    assert out["error"] == "RemoteTimeoutError", (out, stderr)
     assert out["took"] < 3.0 + 1.0 + 3.0, out
     assert out["reader_tb"]
     assert exit_after < 5.0, exit_after
