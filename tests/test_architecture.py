@@ -8,6 +8,7 @@ they never run.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import seqloader
@@ -54,6 +55,7 @@ def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
     return f"{package}.{node.module}" if node.module else package
 
 
+@functools.lru_cache(maxsize=1)  # (the tree does not change during a run; no test mutates it)
 def _graph():
     """(edges, private) where edges maps a module to the package modules it imports and private
     lists (importer, imported module, name) for every ``_name`` taken from another module."""

@@ -78,6 +78,7 @@ def test_shuffle_quality_of_a_database_does_not_overwrite_the_committed_results(
     assert (tmp_path / f"shuffle_quality-{lmdb_dir.name}.md").exists()
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 def test_shuffle_quality_script(tmp_path):
     out = tmp_path / "q.md"
     doc = _run("shuffle_quality.py", "--classes", "6", "--per-class", "50", "--caches",
@@ -197,6 +198,7 @@ def test_read_cost_script(tmp_path, mode):
     assert doc["user_s"] >= 0 and doc["sys_s"] >= 0
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 @pytest.mark.needs("jpegtran")
 def test_decode_floor_script(tmp_path):
     """Runs end to end on a few 2000x1500 photos (every draw gets a reduced decode) and
@@ -221,6 +223,7 @@ def test_decode_floor_script(tmp_path):
     assert grids["every MCU"]["kb"] > grids["stored (~4 MCUs)"]["kb"]
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 @pytest.mark.needs("jpegtran")
 def test_decode_floor_sets_by_long_side(tmp_path):
     """``--sets`` also takes long sides in px (4:3 photos): a 400 px set has no draw with a
@@ -238,6 +241,7 @@ def test_decode_floor_sets_by_long_side(tmp_path):
     assert bad.returncode == 2 and "unknown set 'huge'" in bad.stderr
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 @pytest.mark.needs("jpegtran")
 def test_reduced_by_size_script(tmp_path):
     """Runs end to end on a few photos of two sizes: only draws with a reduced decode are
@@ -319,6 +323,7 @@ def test_benchmark_scripts_require_their_data_path(script, flag, tmp_path):
     assert p.returncode == 2 and f"required: {flag}" in p.stderr, p.stderr[-2000:]
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 def test_shuffle_quality_writes_into_the_current_folder_by_default(tmp_path):
     before = _committed_bytes()
     doc = _run("shuffle_quality.py", "--classes", "4", "--per-class", "30", "--caches", "10",
@@ -386,6 +391,7 @@ def test_gpu_node_runs_every_part_on_the_cpu(tmp_path):
     assert "## Goals" in (tmp_path / "out" / "gpu_node.md").read_text()
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 def test_dbtools_hdd_script(lmdb_dir, tmp_path):
     """Every step of benchmarks/dbtools_hdd.py runs (a fake hddsim: the wiring only)."""
     fake = tmp_path / "fake-hddsim"
@@ -421,6 +427,7 @@ def test_zip_inflate_cost_inflates_every_deflated_member(tmp_path):
         mod.inflate_cost(z, rounds=1)
 
 
+@pytest.mark.slow  # (a benchmark script end to end: seconds)
 def test_first_batch_and_stats_cost_run(lmdb_dir, tmp_path):
     """benchmarks/first_batch.py (issue 39's first-batch and throughput A/B unit) and
     stats_cost.py, tiny."""

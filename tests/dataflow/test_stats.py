@@ -90,6 +90,7 @@ def test_a_slow_consumer_is_not_data_bound(big_db):
     assert found.wait_share < 0.10
 
 
+@pytest.mark.slow  # (a real slow pipeline: seconds)
 def test_the_warning_can_be_silenced(big_db):
     with _loader(big_db, _slow, diagnose=None) as loader:
         assert _epoch(loader) == []

@@ -293,6 +293,7 @@ def test_refused_access_at_opening_names_no_file_that_does_not_exist(moto, s3_ur
     assert "imagenet" in str(err.value)
 
 
+@pytest.mark.needs("fsspec", "aiohttp")
 def test_refused_connection_is_said_at_the_first_retry():
     """A refused connection warns once, early, that it is retrying and until when; the
     error follows at the deadline."""

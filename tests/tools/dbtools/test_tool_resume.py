@@ -118,7 +118,8 @@ def kill_anywhere(tool, big_db, tmp_path, fractions):
     return cut
 
 
-@pytest.mark.parametrize("tool", list(CASES))
+@pytest.mark.parametrize("tool", [t if i == 0 else pytest.param(t, marks=pytest.mark.slow)
+                                  for i, t in enumerate(CASES)])  # (one tool by default)
 def test_kill_anywhere_then_rerun_gives_the_uninterrupted_result(tool, big_db, tmp_path):
     kill_anywhere(tool, big_db, tmp_path, [0.75, 0.9])
 
