@@ -110,7 +110,8 @@ def pytest_sessionfinish(session, exitstatus):
     try:
         os.rmdir(run_tmp)  # (it holds what pytest keeps of a failed run: then it stays)
     except OSError:
-        if report is not None:
+        kept = [e for e in os.listdir(run_tmp) if os.path.join(run_tmp, e) != own]
+        if kept and report is not None:  # (multiprocessing's own folder goes at exit)
             report.write_line(f"the failed tests' tmp_path folders are kept in {run_tmp}")
     shm = _orphans(sorted(set(_shm_files()) - _RUN_TMP["shm"]))
     if shm and report is not None:
