@@ -91,8 +91,11 @@ def pytest_sessionfinish(session, exitstatus):
             continue
         if e.startswith("pytest-of-") and exitstatus != 0:
             continue  # (pytest keeps a failed run's failed tests' folders)
-        if (e.startswith("pytest-of-") or e == _TORCH_CACHE) and _size(path) == 0:
-            shutil.rmtree(path, ignore_errors=True)  # (empty: pytest's, torch's bookkeeping)
+        if ((e.startswith(("pytest-of-", "torchelastic_")) or e == _TORCH_CACHE)
+                and _size(path) == 0):
+            # (empty: pytest's, torch's bookkeeping; torch.distributed.elastic's agent
+            # folder, which torchrun and Lightning's launcher leave behind)
+            shutil.rmtree(path, ignore_errors=True)
             continue
         left.append(e)
     report = session.config.pluginmanager.get_plugin("terminalreporter")
