@@ -50,8 +50,9 @@ def _sample_keys(names: list[str], *, labelled: bool = False) -> set[str]:
 
 
 def source_kind(path: str | Path, *, labels: bool = False) -> str:
-    """``"lmdb"``, ``"tar-of-tars"``, ``"webdataset"``, ``"flat"`` or ``"tree"``, from the
-    file's first members (ValueError for anything else)."""
+    """``"lmdb"``, ``"parquet"``, ``"zip"``, ``"tar-of-tars"``, ``"webdataset"``, ``"flat"``
+    or ``"tree"``, from the file's name or first bytes, then its first members (ValueError
+    for anything else)."""
     path = Path(path)
     if path.is_dir() or path.suffix in (".lmdb", ".mdb"):
         return "lmdb"

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import DamagedArchiveError
-from .sources import ClassSeen, Cursor, Item, Source
+from .sources import ClassSeen, Cursor, Item, Source, named_or_starts
 
 __all__ = ["ParquetSource", "is_parquet", "parquet_splits", "hf_class_names"]
 
@@ -52,14 +52,7 @@ def _pq():
 
 def is_parquet(path: str | Path) -> bool:
     """Whether ``path`` is a parquet file, by name or by its first bytes (``PAR1``)."""
-    path = Path(path)
-    if path.suffix.lower() == ".parquet":
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"PAR1"
-    except OSError:
-        return False
+    return named_or_starts(path, ".parquet", (b"PAR1",))
 
 
 def parquet_splits(path: str | Path, split: str | None, by_name) -> list[str]:

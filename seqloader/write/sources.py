@@ -34,7 +34,7 @@ from ..format.imagetree import is_image_file
 from .tarwalk import STREAM_ERRORS, Walk
 from ..errors import DamagedArchiveError, NotFoundError
 
-__all__ = ["Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
+__all__ = ["named_or_starts", "Item", "ClassSeen", "Source", "read_item", "read_at", "close_files", "READ_BUFFER",
            "TAR_SUFFIXES", "LABEL_EXTS", "open_archive", "tar_at", "tar_members", "read_member",
            "clean_name", "tar_stem", "first_files"]
 
@@ -219,6 +219,19 @@ def read_member(tf: tarfile.TarFile, m: tarfile.TarInfo, walk: Walk) -> bytes:
         raise walk.damaged(m.offset_data + len(data), f"member {m.name} is cut short "
                                                       f"({len(data)} of {m.size} bytes)")
     return data
+
+
+def named_or_starts(path: str | Path, suffix: str, magics: tuple[bytes, ...]) -> bool:
+    """Whether ``path``'s name ends with ``suffix`` (any case) or its first bytes start
+    with one of ``magics``; an unreadable file is neither (the caller's open says why)."""
+    path = Path(path)
+    if path.suffix.lower() == suffix:
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(max(map(len, magics))).startswith(magics)
+    except OSError:
+        return False
 
 
 def clean_name(name: str) -> str:

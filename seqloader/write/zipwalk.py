@@ -51,7 +51,8 @@ from typing import Iterator, Sequence
 
 from ..errors import DamagedArchiveError, FormatError
 from ..format.imagetree import is_image_file
-from .sources import READ_BUFFER, ClassSeen, Cursor, Item, Source, clean_name
+from .sources import (READ_BUFFER, ClassSeen, Cursor, Item, Source, clean_name,
+                      named_or_starts)
 
 __all__ = ["ZipSource", "is_zip", "zip_splits", "KAGGLE_MAPPING", "KAGGLE_VAL"]
 
@@ -68,14 +69,7 @@ _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, struct.error, ValueErro
 
 def is_zip(path: str | Path) -> bool:
     """Whether ``path`` is a zip by name (``.zip``) or by its first bytes."""
-    path = Path(path)
-    if path.suffix.lower() == ".zip":
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
-    except OSError:
-        return False
+    return named_or_starts(path, ".zip", (b"PK\x03\x04", b"PK\x05\x06"))
 
 
 def _damaged(where: str, offset: int | None, what: str) -> DamagedArchiveError:
